@@ -1,0 +1,50 @@
+# The two commands: `make run` and `make test`. Both create .venv and install on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+BIND ?= 127.0.0.1:8000
+WEB_WORKERS ?= 2
+WORKER_ARGS ?= --concurrency 2
+
+.PHONY: run test setup install lint soak bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+setup: $(STAMP)
+	$(BIN)/python manage.py migrate --noinput
+	$(BIN)/python manage.py collectstatic --noinput --verbosity 0
+
+# Starts one worker process and gunicorn; Ctrl-C stops both (the worker gracefully).
+run: setup
+	$(BIN)/python manage.py ensure_admin
+	@echo "Site: http://$(BIND)/admin/  (stop with Ctrl-C)"
+	@trap 'kill -TERM $$worker 2>/dev/null; wait $$worker' EXIT INT TERM; \
+	$(BIN)/python manage.py runworker $(WORKER_ARGS) & worker=$$!; \
+	$(BIN)/gunicorn recovery.wsgi --bind $(BIND) --workers $(WEB_WORKERS) \
+		--access-logfile - --graceful-timeout 10
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: $(STAMP) lint
+	$(BIN)/python manage.py check --fail-level WARNING
+	$(BIN)/python manage.py makemigrations --check --dry-run
+	$(BIN)/python -m pytest
+
+# Long torture runs: not part of `make test`.
+soak: $(STAMP)
+	$(BIN)/python bench/soak.py
+
+bench: $(STAMP)
+	$(BIN)/python bench/throughput.py
+
+clean:
+	rm -rf $(VENV) var/staticfiles var/test-db.sqlite3*

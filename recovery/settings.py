@@ -1,0 +1,203 @@
+"""Site settings, read from the environment so one build runs anywhere.
+
+Every variable is listed in README.md ("Configuration"). Defaults aim at a
+single machine with the embedded SQLite database; PostgreSQL is selected with
+DATABASE_URL.
+"""
+
+import hashlib
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("VAR_DIR", BASE_DIR / "var"))
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    lowered = value.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name}={value!r} is not a boolean (use 1/0, true/false)")
+
+
+def env_list(name: str, default: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+def _secret_key() -> str:
+    """A stable key without configuration: generated once into var/ (mode 0600).
+
+    A fixed default would let anyone forge sessions on a site that forgot to set
+    SECRET_KEY; a fresh random key per start would log everybody out on restart.
+    """
+    if key := os.environ.get("SECRET_KEY"):
+        return key
+    path = VAR_DIR / "secret_key"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        VAR_DIR.mkdir(parents=True, exist_ok=True)
+        key = secrets.token_urlsafe(50)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(key)
+        return key
+    except OSError as exc:  # pragma: no cover - read-only deployments must set SECRET_KEY
+        raise ImproperlyConfigured(f"SECRET_KEY is not set and {path} is unusable: {exc}") from exc
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "durable",
+    "recovery",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "recovery.urls"
+WSGI_APPLICATION = "recovery.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database ---------------------------------------------------------------
+
+DATABASE_URL = os.environ.get("DATABASE_URL", "sqlite:///var/db.sqlite3")
+_db = dj_database_url.parse(DATABASE_URL)
+
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    _name = Path(_db["NAME"])
+    if not _name.is_absolute():
+        _name = BASE_DIR / _name
+    _name.parent.mkdir(parents=True, exist_ok=True)
+    _db["NAME"] = str(_name)
+    _synchronous = os.environ.get("SQLITE_SYNCHRONOUS", "NORMAL").upper()
+    if _synchronous not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
+        raise ImproperlyConfigured(f"SQLITE_SYNCHRONOUS={_synchronous!r}: use NORMAL or FULL")
+    _db["OPTIONS"] = {
+        # BEGIN IMMEDIATE takes the write lock up front, so two workers never
+        # both read a row and then fail to upgrade to a write ("database is
+        # locked"); the busy timeout makes the loser wait instead of failing.
+        "transaction_mode": "IMMEDIATE",
+        "timeout": float(os.environ.get("SQLITE_BUSY_TIMEOUT", "30")),
+        "init_command": (
+            "PRAGMA journal_mode=WAL;"
+            f"PRAGMA synchronous={_synchronous};"
+            "PRAGMA cache_size=-20000;"
+            "PRAGMA temp_store=MEMORY"
+        ),
+    }
+    # Worker subprocesses in tests must see the test database, so it is a file.
+    _db["TEST"] = {"NAME": str(VAR_DIR / "test-db.sqlite3")}
+else:
+    _db.setdefault("CONN_MAX_AGE", int(os.environ.get("CONN_MAX_AGE", "60")))
+    _db["CONN_HEALTH_CHECKS"] = True
+    # Several checkouts of this project may share one PostgreSQL server; each
+    # gets its own test database so their test runs never collide.
+    _suffix = hashlib.sha256(str(BASE_DIR).encode()).hexdigest()[:8]
+    _db["TEST"] = {"NAME": os.environ.get("TEST_DATABASE_NAME", f"test_{_db['NAME']}_{_suffix}")}
+
+DATABASES = {"default": _db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Auth, i18n, static -----------------------------------------------------
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "/admin/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = os.environ.get("TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "staticfiles"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+
+# --- Security headers ---------------------------------------------------------
+
+X_FRAME_OPTIONS = "DENY"
+SESSION_COOKIE_HTTPONLY = True
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", False)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_HSTS_SECONDS = int(os.environ.get("SECURE_HSTS_SECONDS", "0"))
+if os.environ.get("SECURE_PROXY_SSL_HEADER"):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# --- The durable engine -----------------------------------------------------
+
+DURABLE_LEASE_SECONDS = float(os.environ.get("DURABLE_LEASE_SECONDS", "30"))
+DURABLE_POLL_INTERVAL = float(os.environ.get("DURABLE_POLL_INTERVAL", "1"))
+DURABLE_GRACE_SECONDS = float(os.environ.get("DURABLE_GRACE_SECONDS", "25"))
+DURABLE_MAX_INPUT_BYTES = int(os.environ.get("DURABLE_MAX_INPUT_BYTES", str(64 * 1024)))
+
+# --- Logging ------------------------------------------------------------------
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"logfmt": {"()": "durable.logs.LogfmtFormatter"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "logfmt"}},
+    "root": {"handlers": ["stderr"], "level": "WARNING"},
+    "loggers": {
+        "durable": {
+            "handlers": ["stderr"],
+            "level": os.environ.get("LOG_LEVEL", "INFO"),
+            "propagate": False,
+        },
+    },
+}
