@@ -1,0 +1,16 @@
+from django.apps import AppConfig
+
+
+class DurableConfig(AppConfig):
+    name = "durable"
+    verbose_name = "Durable jobs"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django.utils.module_loading import autodiscover_modules
+
+        # Built-in operations register themselves on import; so do those in
+        # every installed app's ``operations`` module, as the admin does.
+        from . import builtin  # noqa: F401
+
+        autodiscover_modules("operations")

@@ -1,0 +1,119 @@
+"""Built-in operations: retention (``durable.purge``) and a no-op for smoke tests and benchmarks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from .errors import InputRejected
+from .models import Job, WorkerProcess
+from .operations import JobContext, Operation, Unit, register
+from .policy import parse_duration
+
+PURGE_BATCH = 200
+
+
+@register
+class PurgeJobs(Operation):
+    """Delete finished jobs (with their events and unit results) older than a cut-off.
+
+    Unit = one batch of job ids in id order; the checkpoint is the cut-off and
+    the last id examined. Units only delete rows of this database, so they run
+    atomically with the checkpoint: a crash never deletes a batch twice or
+    skips one. Unfinished jobs are never selected, and the state is checked
+    again in the deleting statement itself.
+    """
+
+    name = "durable.purge"
+    label = "Purge finished jobs"
+    atomic_units = True
+    max_attempts = 3
+
+    def clean_input(self, data: dict[str, Any]) -> dict[str, Any]:
+        try:
+            age = parse_duration(str(data.get("older_than", "30d")))
+        except ValueError as exc:
+            raise InputRejected("older_than", str(exc)) from None
+        if age < timedelta(minutes=1):
+            raise InputRejected("older_than", "must be at least 1m")
+        return {"older_than": str(data.get("older_than", "30d")).strip()}
+
+    def _cutoff(self, ctx: JobContext) -> datetime:
+        if ctx.checkpoint and ctx.checkpoint.get("cutoff"):
+            return parse_datetime(ctx.checkpoint["cutoff"])
+        return timezone.now() - parse_duration(ctx.input["older_than"])
+
+    def total_units(self, ctx: JobContext) -> int | None:
+        count = Job.objects.purgeable(self._cutoff(ctx)).count()
+        return -(-count // PURGE_BATCH) + 1  # batches, then the worker-registry unit
+
+    def units(self, ctx: JobContext) -> Iterator[Unit]:
+        cutoff = self._cutoff(ctx)
+        after = (ctx.checkpoint or {}).get("after_id", 0)
+        while True:
+            ids = list(
+                Job.objects.purgeable(cutoff)
+                .filter(pk__gt=after)
+                .order_by("pk")
+                .values_list("pk", flat=True)[:PURGE_BATCH]
+            )
+            if not ids:
+                break
+            after = ids[-1]
+            yield Unit(
+                key=f"jobs:{ids[0]}-{ids[-1]}",
+                payload={"ids": ids, "cutoff": cutoff.isoformat()},
+                checkpoint={"cutoff": cutoff.isoformat(), "after_id": after},
+            )
+        yield Unit(
+            key="workers",
+            payload={"cutoff": cutoff.isoformat()},
+            checkpoint={"cutoff": cutoff.isoformat(), "after_id": after, "workers": True},
+        )
+
+    def run_unit(self, ctx: JobContext, unit: Unit) -> dict[str, int]:
+        cutoff = parse_datetime(unit.payload["cutoff"])
+        if unit.key == "workers":
+            deleted, _ = WorkerProcess.objects.filter(stopped_at__lt=cutoff).delete()
+            return {"workers": deleted}
+        # purgeable() re-checks "finished and old" inside the DELETE's own query.
+        jobs = Job.objects.purgeable(cutoff).filter(pk__in=unit.payload["ids"])
+        _, per_model = jobs.delete()
+        return {
+            "jobs": per_model.get("durable.Job", 0),
+            "events": per_model.get("durable.JobEvent", 0),
+        }
+
+
+@register
+class Noop(Operation):
+    """``units`` units that do nothing (optionally sleeping): smoke tests and benchmarks."""
+
+    name = "durable.noop"
+    label = "No-op (smoke test)"
+
+    def clean_input(self, data: dict[str, Any]) -> dict[str, Any]:
+        units = data.get("units", 1)
+        sleep = data.get("sleep", 0)
+        if not isinstance(units, int) or not 0 <= units <= 10_000_000:
+            raise InputRejected("units", "must be an integer from 0 to 10,000,000")
+        if not isinstance(sleep, int | float) or not 0 <= sleep <= 60:
+            raise InputRejected("sleep", "must be a number of seconds from 0 to 60")
+        return {"units": units, "sleep": sleep}
+
+    def total_units(self, ctx: JobContext) -> int:
+        return ctx.input["units"]
+
+    def units(self, ctx: JobContext) -> Iterator[Unit]:
+        start = (ctx.checkpoint or {}).get("next", 0)
+        for index in range(start, ctx.input["units"]):
+            yield Unit(key=f"n:{index}", checkpoint={"next": index + 1})
+
+    def run_unit(self, ctx: JobContext, unit: Unit) -> None:
+        if ctx.input["sleep"]:
+            time.sleep(ctx.input["sleep"])

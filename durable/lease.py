@@ -1,0 +1,501 @@
+"""Claiming, renewing and committing under a lease, fenced by the lease epoch.
+
+Every write a worker makes to a job it claimed is conditional on
+``(id, lease_owner, lease_epoch)``: once a job was reclaimed (the epoch moved
+on) or cancelled, the old worker's renewal, checkpoint, completion, failure
+and release all match zero rows, and the worker abandons the job without
+touching it. The claim is one atomic conditional update; SQLite and
+PostgreSQL differ only in the few lines of ``_Dialect``.
+
+Lease times use the database's clock on PostgreSQL (workers on several
+machines with skewed clocks still agree on when a lease expired) and the
+process clock on SQLite (one machine, one clock).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from . import signals
+from .errors import LeaseLost, NonRetryable
+from .jobs import add_events, announce_change, log_state
+from .models import Job, JobEvent, UnitResult
+from .policy import append_bounded, truncate_utf8
+from .states import LEASED_STATES, JobState
+
+log = logging.getLogger("durable.lease")
+
+MAX_RESULT_BYTES = 64 * 1024
+_LEASED = tuple(str(state) for state in LEASED_STATES)
+
+
+@dataclass(frozen=True)
+class Lease:
+    job_id: int
+    owner: str
+    epoch: int
+
+
+def db_now() -> Any:
+    """``now`` for ORM filters, on the clock that lease times are written with."""
+    return Now() if connection.vendor == "postgresql" else timezone.now()
+
+
+class _Dialect:
+    """The only vendor branches of the engine: SQL for "now", "now + s", JSON, the claim lock."""
+
+    def __init__(self, vendor: str) -> None:
+        self.pg = vendor == "postgresql"
+        ops = connection.ops
+        self.table = ops.quote_name(Job._meta.db_table)
+        self.results = ops.quote_name(UnitResult._meta.db_table)
+        # JSON is encoded once in Python and cast on the way in.
+        self.json = "%s::jsonb" if self.pg else "%s"
+        leased = ", ".join(f"'{state}'" for state in sorted(_LEASED))
+        # The two statements of every unit commit run on the DB-API cursor with
+        # the driver's own placeholder: Django's cursor wrapper costs about as
+        # much as the statements themselves on SQLite. Django's transaction
+        # (atomic) still brackets them.
+        p = "%s" if self.pg else "?"
+        pj = f"{p}::jsonb" if self.pg else p
+        self.commit_sql = (
+            f"UPDATE {self.table} SET checkpoint = {pj}, units_done = units_done + 1, "
+            f"units_total = COALESCE({p}, units_total), updated_at = {p}, "
+            f"event_seq = event_seq + {p} "
+            f"WHERE id = {p} AND lease_owner = {p} AND lease_epoch = {p} "
+            f"AND state IN ({leased}) RETURNING state, event_seq"
+        )
+        self.result_sql = (
+            f"INSERT INTO {self.results} (job_id, key, result, created_at) "
+            f"VALUES ({p}, {p}, {pj}, {p}) ON CONFLICT (job_id, key) DO NOTHING"
+        )
+        self.renew_sql = (
+            f"UPDATE {self.table} SET lease_expires_at = {self.later_sql} "
+            f"WHERE id = %s AND lease_owner = %s AND lease_epoch = %s "
+            f"AND state IN ({leased}) RETURNING state"
+        )
+
+    @property
+    def now_sql(self) -> str:
+        return "clock_timestamp()" if self.pg else "%s"
+
+    @property
+    def later_sql(self) -> str:
+        return "clock_timestamp() + make_interval(secs => %s)" if self.pg else "%s"
+
+    def now(self, now: datetime) -> list:
+        return [] if self.pg else [connection.ops.adapt_datetimefield_value(now)]
+
+    def later(self, now: datetime, seconds: float) -> list:
+        if self.pg:
+            return [seconds]
+        return [connection.ops.adapt_datetimefield_value(now + timedelta(seconds=seconds))]
+
+    @property
+    def skip_locked(self) -> str:
+        # SQLite has one writer at a time (BEGIN IMMEDIATE), so nothing is locked to skip.
+        return " FOR UPDATE SKIP LOCKED" if self.pg else ""
+
+
+_dialects: dict[str, _Dialect] = {}
+
+
+def _dialect() -> _Dialect:
+    vendor = connection.vendor
+    if vendor not in _dialects:
+        _dialects[vendor] = _Dialect(vendor)
+    return _dialects[vendor]
+
+
+def _placeholders(values: list) -> str:
+    return ", ".join(["%s"] * len(values))
+
+
+def _encode(value: Any) -> str:
+    return json.dumps(value, default=str)
+
+
+# --- claim -----------------------------------------------------------------------
+
+
+def claim(
+    owner: str,
+    *,
+    queues: list[str],
+    operations: list[str],
+    lease_seconds: float,
+    job_id: int | None = None,
+) -> tuple[Lease, Job] | None:
+    """Claim the next due job (or job ``job_id`` if it is due); None if there is none.
+
+    Ordered by priority (higher first), then ``next_attempt_at``, then id. The
+    claim increments the lease epoch — the fencing token every later write of
+    this worker is conditioned on.
+    """
+    if not operations or (not queues and job_id is None):
+        return None
+    d = _dialect()
+    now = timezone.now()
+    later_params = d.later(now, lease_seconds)
+    where = ["state = 'queued'", f"next_attempt_at <= {d.now_sql}"]
+    params: list[Any] = d.now(now)
+    if job_id is not None:
+        where.append("id = %s")
+        params.append(job_id)
+    else:
+        where.append(f"queue IN ({_placeholders(queues)})")
+        params.extend(queues)
+    where.append(f"operation IN ({_placeholders(operations)})")
+    params.extend(operations)
+    pick = (
+        f"SELECT id FROM {d.table} WHERE {' AND '.join(where)} "
+        f"ORDER BY priority DESC, next_attempt_at, id LIMIT 1{d.skip_locked}"
+    )
+    sql = (
+        f"UPDATE {d.table} SET state = 'running', lease_owner = %s, "
+        f"lease_expires_at = {d.later_sql}, lease_epoch = lease_epoch + 1, "
+        f"started_at = COALESCE(started_at, %s), updated_at = %s, event_seq = event_seq + 1 "
+        f"WHERE id = ({pick}) AND state = 'queued' RETURNING id, lease_epoch, event_seq"
+    )
+    adapt = connection.ops.adapt_datetimefield_value
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [owner, *later_params, adapt(now), adapt(now), *params])
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        claimed_id, epoch, seq = row
+        lease = Lease(claimed_id, owner, epoch)
+        job = Job.objects.get(pk=claimed_id)
+        data = {"worker": owner, "epoch": epoch, "attempt": job.attempts + 1}
+        JobEvent.objects.create(
+            job_id=claimed_id, seq=seq, kind="started", data=data, created_at=now
+        )
+        announce_change(job, JobState.QUEUED, "started", "", data)
+    return lease, job
+
+
+# --- renewal, fencing, checkpoints -----------------------------------------------
+
+
+def renew(lease: Lease, lease_seconds: float) -> str | None:
+    """Extend the lease; return the job's state, or None if the lease is gone."""
+    d = _dialect()
+    params = [*d.later(timezone.now(), lease_seconds), lease.job_id, lease.owner, lease.epoch]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(d.renew_sql, params)
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def fence(lease: Lease, lease_seconds: float) -> str:
+    """Inside a transaction: renew and lock the job row, or raise LeaseLost.
+
+    Used before the side effects of an atomic unit so that they commit only
+    if this worker still holds the job when they do.
+    """
+    state = renew(lease, lease_seconds)
+    if state is None:
+        raise LeaseLost(f"job {lease.job_id}: lease epoch {lease.epoch} is no longer ours")
+    return state
+
+
+def has_results(job_id: int) -> bool:
+    return UnitResult.objects.filter(job_id=job_id).exists()
+
+
+def result_exists(job_id: int, key: str) -> tuple[bool, Any]:
+    found = UnitResult.objects.filter(job_id=job_id, key=key).values_list("result", flat=True)
+    for result in found:
+        return True, result
+    return False, None
+
+
+def commit_unit(
+    lease: Lease,
+    *,
+    key: str,
+    result: Any,
+    checkpoint: Any,
+    units_total: int | None,
+    events: list[tuple[str, str, dict]] | None = None,
+) -> str:
+    """Step 4: advance the checkpoint, store the unit's result and its events.
+
+    One transaction, conditional on the lease: returns the job's state after
+    the commit (running, or paused/cancelling if an operator asked meanwhile)
+    or raises LeaseLost and writes nothing.
+    """
+    encoded = _encode(result)
+    if len(encoded) > MAX_RESULT_BYTES:  # ASCII-only: characters are bytes
+        raise NonRetryable(
+            f"unit {key!r} returned {len(encoded)} bytes; a unit result is evidence, "
+            f"keep it under {MAX_RESULT_BYTES} bytes"
+        )
+    d = _dialect()
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    params = [_encode(checkpoint), units_total, now, len(events or ())]
+    params += [lease.job_id, lease.owner, lease.epoch]
+    with transaction.atomic():
+        connection.ensure_connection()
+        cursor = connection.connection.cursor()
+        try:
+            cursor.execute(d.commit_sql, params)
+            row = cursor.fetchone()
+            if row is None:
+                raise LeaseLost(
+                    f"job {lease.job_id}: checkpoint refused, lease epoch {lease.epoch} lost"
+                )
+            state, last_seq = row
+            cursor.execute(d.result_sql, [lease.job_id, key, encoded, now])
+        finally:
+            cursor.close()
+        if events:
+            first = last_seq - len(events) + 1
+            JobEvent.objects.bulk_create(
+                JobEvent(
+                    job_id=lease.job_id,
+                    seq=first + index,
+                    kind=kind,
+                    message=truncate_utf8(message, 2048),
+                    data=data,
+                    created_at=timezone.now(),
+                )
+                for index, (kind, message, data) in enumerate(events)
+            )
+    return state
+
+
+# --- fenced transitions ------------------------------------------------------------
+
+
+def _locked(lease: Lease) -> Job:
+    job = (
+        Job.objects.select_for_update()
+        .filter(pk=lease.job_id, lease_owner=lease.owner, lease_epoch=lease.epoch)
+        .first()
+    )
+    if job is None:
+        raise LeaseLost(f"job {lease.job_id}: lease epoch {lease.epoch} lost")
+    return job
+
+
+def _save(job: Job, now: datetime, event: tuple[str, str, dict], **fields: Any) -> None:
+    """Apply ``fields`` to the locked job and append ``event`` (kind, message, data)."""
+    old_state = job.state
+    kind, message, data = event
+    for name, value in fields.items():
+        setattr(job, name, value)
+    job.updated_at = now
+    add_events(job, [(kind, message, data)], now)
+    job.save(update_fields=[*fields, "updated_at", "event_seq"])
+    announce_change(job, old_state, kind, message, data)
+
+
+_FREE = {"lease_owner": None, "lease_expires_at": None}
+
+
+def _cancelled(job: Job, now: datetime) -> None:
+    _save(
+        job,
+        now,
+        ("cancelled", "stopped at a unit boundary", {}),
+        state=JobState.CANCELLED,
+        finished_at=now,
+        error_code="cancelled",
+        reason=job.reason or "cancelled",
+        **_FREE,
+    )
+
+
+def complete(lease: Lease) -> str:
+    """All units done. A cancel accepted meanwhile wins: the job ends cancelled."""
+    now = timezone.now()
+    with transaction.atomic():
+        job = _locked(lease)
+        if job.state == JobState.CANCELLING:
+            _cancelled(job, now)
+        else:
+            _save(
+                job,
+                now,
+                ("completed", "", {"units_done": job.units_done}),
+                state=JobState.COMPLETED,
+                finished_at=now,
+                reason="",
+                error_code="",
+                **_FREE,
+            )
+        return job.state
+
+
+def settle(lease: Lease) -> str:
+    """At a unit boundary after an operator paused or cancelled: let go of the job.
+
+    Returns the state the job is left in; "running" means it was resumed
+    meanwhile and the worker should carry on.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        job = _locked(lease)
+        if job.state == JobState.CANCELLING:
+            _cancelled(job, now)
+        elif job.state == JobState.PAUSED:
+            Job.objects.filter(pk=job.pk).update(updated_at=now, **_FREE)
+            log_state(job, "lease_released", reason="paused")
+        return job.state
+
+
+def release(lease: Lease, why: str = "worker shutting down") -> str:
+    """Graceful stop at a unit boundary: hand the job back at once, no attempt spent."""
+    now = timezone.now()
+    with transaction.atomic():
+        job = _locked(lease)
+        if job.state == JobState.RUNNING:
+            _save(
+                job,
+                now,
+                ("released", why, {"worker": lease.owner}),
+                state=JobState.QUEUED,
+                next_attempt_at=now,
+                **_FREE,
+            )
+        elif job.state == JobState.CANCELLING:
+            _cancelled(job, now)
+        else:
+            Job.objects.filter(pk=job.pk).update(updated_at=now, **_FREE)
+        return job.state
+
+
+def pause_unavailable(lease: Lease, reason: str) -> None:
+    """A credential or storage is missing: paused with the operator's to-do, no attempt spent."""
+    now = timezone.now()
+    with transaction.atomic():
+        job = _locked(lease)
+        if job.state == JobState.CANCELLING:
+            _cancelled(job, now)
+            return
+        _save(
+            job,
+            now,
+            ("paused", reason, {"cause": "unavailable"}),
+            state=JobState.PAUSED,
+            reason=reason,
+            error_code="unavailable",
+            **_FREE,
+        )
+        _needs_attention(job, "unavailable", reason)
+
+
+def _needs_attention(job: Job, cause: str, reason: str) -> None:
+    signals.send_on_commit(
+        signals.job_needs_attention,
+        job_id=job.pk,
+        operation=job.operation,
+        state=job.state,
+        cause=cause,
+        reason=reason,
+        checkpoint=job.checkpoint,
+        attempt=job.attempts,
+        next_attempt_at=job.next_attempt_at if job.state == JobState.QUEUED else None,
+    )
+
+
+def record_failure(
+    lease: Lease,
+    entry: dict[str, Any],
+    *,
+    retry_at: datetime | None,
+    consume_attempt: bool = True,
+    on_exhausted: str = JobState.FAILED,
+) -> str:
+    """A unit failed. ``retry_at`` None means non-retryable: fail now.
+
+    The retry time and the attempt count are committed *before* the lease is
+    released, so a restart during the backoff neither resets the wait nor
+    retries early. Returns the resulting state.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        job = _locked(lease)
+        if not consume_attempt and retry_at is not None:
+            # A gate of ours said "not yet": nothing was tried, nothing is charged.
+            if job.state == JobState.CANCELLING:
+                _cancelled(job, now)
+            elif job.state == JobState.PAUSED:
+                Job.objects.filter(pk=job.pk).update(updated_at=now, **_FREE)
+            else:
+                _save(
+                    job,
+                    now,
+                    ("rescheduled", entry["message"], {"next_attempt_at": retry_at.isoformat()}),
+                    state=JobState.QUEUED,
+                    next_attempt_at=retry_at,
+                    **_FREE,
+                )
+            return job.state
+        attempts = job.attempts + 1
+        history = append_bounded(job.errors, entry)
+        common = {
+            "attempts": attempts,
+            "errors": history,
+            "last_error_class": entry["error_class"][:200],
+            **_FREE,
+        }
+        message = entry["message"]
+        facts = {"error_class": entry["error_class"], "attempt": attempts}
+        if job.state == JobState.CANCELLING:
+            job.errors, job.attempts = history, attempts
+            _cancelled(job, now)
+            return job.state
+        if retry_at is None:
+            reason = f"failed permanently: {message}"
+            _save(
+                job,
+                now,
+                ("failed", reason, facts),
+                state=JobState.FAILED,
+                finished_at=now,
+                reason=reason,
+                error_code="non_retryable",
+                **common,
+            )
+            _needs_attention(job, "non_retryable", reason)
+            return job.state
+        if attempts >= job.max_attempts:
+            target = JobState(on_exhausted)
+            reason = f"gave up after {attempts} attempts; last error: {message}"
+            extra = {"finished_at": now} if target == JobState.FAILED else {}
+            _save(
+                job,
+                now,
+                (target.value, reason, facts),
+                state=target,
+                reason=reason,
+                error_code="exhausted",
+                **common,
+                **extra,
+            )
+            _needs_attention(job, "exhausted", reason)
+            return job.state
+        if job.state == JobState.PAUSED:
+            _save(job, now, ("failed_attempt", message, facts), **common)
+            return job.state
+        facts["next_attempt_at"] = retry_at.isoformat()
+        _save(
+            job,
+            now,
+            ("retry_scheduled", message, facts),
+            state=JobState.QUEUED,
+            next_attempt_at=retry_at,
+            **common,
+        )
+        return job.state

@@ -1,0 +1,38 @@
+"""``python manage.py purge_jobs --older-than 30d``: retention for finished jobs."""
+
+from __future__ import annotations
+
+import argparse
+
+from django.core.management.base import BaseCommand, CommandError
+
+from durable.errors import InputRejected
+from durable.jobs import enqueue
+from durable.worker import Worker
+
+
+class Command(BaseCommand):
+    help = (
+        "Delete finished (completed, failed, cancelled) jobs, their events and unit "
+        "results, finished longer ago than --older-than. Unfinished jobs are never touched."
+    )
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--older-than", default="30d", help="e.g. 30d, 12h, 90m (default 30d)")
+        parser.add_argument(
+            "--enqueue", action="store_true", help="only enqueue the purge for a worker to run"
+        )
+
+    def handle(self, *args: object, **options: object) -> None:
+        try:
+            job = enqueue("durable.purge", {"older_than": options["older_than"]}, owner="cli")
+        except InputRejected as exc:
+            raise CommandError(str(exc)) from None
+        if options["enqueue"]:
+            self.stdout.write(f"enqueued job {job.pk}")
+            return
+        job = Worker(burst=True).run_job(job.pk)
+        deleted = sum((r.result or {}).get("jobs", 0) for r in job.unit_results.all() if r.result)
+        if job.state != "completed":
+            raise CommandError(f"purge job {job.pk} ended {job.state}: {job.reason}")
+        self.stdout.write(f"purged {deleted} finished job(s) (job {job.pk})")

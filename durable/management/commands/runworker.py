@@ -1,0 +1,110 @@
+"""``python manage.py runworker``: run durable jobs until stopped."""
+
+from __future__ import annotations
+
+import argparse
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from durable.worker import Worker, default_worker_id
+
+
+def valid_positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def valid_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < 86400:
+        raise argparse.ArgumentTypeError("must be between 0 and 86400 seconds")
+    return value
+
+
+def valid_queue(text: str) -> str:
+    if not text or len(text) > 64 or not text.replace("-", "").replace("_", "").isalnum():
+        raise argparse.ArgumentTypeError(f"{text!r}: a queue name is 1-64 letters, digits, - or _")
+    return text
+
+
+class Command(BaseCommand):
+    help = (
+        "Run durable jobs. SIGTERM/SIGINT stop claiming, finish the current unit, "
+        "release leases and exit 0; a second signal exits at once."
+    )
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--concurrency",
+            type=valid_positive_int,
+            default=1,
+            help="threads running jobs in this process (default 1)",
+        )
+        parser.add_argument(
+            "--queue",
+            dest="queues",
+            action="append",
+            type=valid_queue,
+            help="queue to take jobs from; repeatable (default: default)",
+        )
+        parser.add_argument("--burst", action="store_true", help="exit 0 once no due job is left")
+        parser.add_argument(
+            "--max-jobs",
+            type=valid_positive_int,
+            default=None,
+            help="exit after running this many jobs",
+        )
+        parser.add_argument(
+            "--lease-seconds", type=valid_seconds, default=settings.DURABLE_LEASE_SECONDS
+        )
+        parser.add_argument(
+            "--poll-interval", type=valid_seconds, default=settings.DURABLE_POLL_INTERVAL
+        )
+        parser.add_argument(
+            "--grace-seconds", type=valid_seconds, default=settings.DURABLE_GRACE_SECONDS
+        )
+        parser.add_argument(
+            "--worker-id",
+            default=None,
+            help="identity in leases and logs (default host:pid:random)",
+        )
+        parser.add_argument(
+            "--operation",
+            dest="operations",
+            action="append",
+            help="only run these operations; repeatable (default: all registered)",
+        )
+
+    def handle(self, *args: object, **options: object) -> None:
+        from durable.operations import registered
+
+        ops = options["operations"]
+        if ops:
+            unknown = sorted(set(ops) - set(registered()))
+            if unknown:
+                raise CommandError(f"unknown operation(s): {', '.join(unknown)}")
+        if options["lease_seconds"] < 0.3:
+            raise CommandError("--lease-seconds must be at least 0.3")
+        worker = Worker(
+            worker_id=options["worker_id"] or default_worker_id(),
+            queues=options["queues"] or ["default"],
+            concurrency=options["concurrency"],
+            burst=options["burst"],
+            lease_seconds=options["lease_seconds"],
+            poll_interval=options["poll_interval"],
+            grace_seconds=options["grace_seconds"],
+            max_jobs=options["max_jobs"],
+            operations=ops,
+        )
+        code = worker.run()
+        if code:
+            raise SystemExit(code)

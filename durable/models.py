@@ -1,0 +1,208 @@
+"""The durable job record, its event log, unit results and the worker registry.
+
+Rows here are changed only through ``durable.jobs`` (operator actions) and the
+worker (``durable.worker``); every such write is one conditional update plus its
+event, in one transaction. Application code reads them through the
+``Job.objects`` query methods below.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from .states import FINISHED_STATES, LEASED_STATES, UNFINISHED_STATES, JobState, OnRestart
+
+
+class JobQuerySet(models.QuerySet):
+    def due(self, now: datetime | None = None) -> JobQuerySet:
+        return self.filter(state=JobState.QUEUED, next_attempt_at__lte=now or timezone.now())
+
+    def expired_leases(self, now: datetime | None = None) -> JobQuerySet:
+        return self.filter(
+            state__in=LEASED_STATES,
+            lease_owner__isnull=False,
+            lease_expires_at__lt=now or timezone.now(),
+        )
+
+    def active(self) -> JobQuerySet:
+        """Jobs a worker is on or will be on: what the dashboard refreshes for."""
+        return self.filter(state__in=[JobState.QUEUED, JobState.RUNNING, JobState.CANCELLING])
+
+    def unfinished(self) -> JobQuerySet:
+        return self.filter(state__in=UNFINISHED_STATES)
+
+    def finished(self) -> JobQuerySet:
+        return self.filter(state__in=FINISHED_STATES)
+
+    def retrying(self, now: datetime | None = None) -> JobQuerySet:
+        """Waiting out a backoff after at least one failed attempt."""
+        return self.filter(
+            state=JobState.QUEUED, attempts__gt=0, next_attempt_at__gt=now or timezone.now()
+        )
+
+    def purgeable(self, older_than: datetime) -> JobQuerySet:
+        return self.finished().filter(finished_at__lt=older_than)
+
+
+class Job(models.Model):
+    operation = models.CharField(max_length=100)
+    owner = models.CharField(max_length=150, blank=True, default="")
+    tenant = models.CharField(max_length=100, blank=True, default="")
+    queue = models.CharField(max_length=64, default="default")
+    priority = models.SmallIntegerField(default=0, help_text="Higher runs first (-100…100).")
+    input = models.JSONField(default=dict, blank=True, help_text="Sanitized: never a secret.")
+
+    state = models.CharField(max_length=12, choices=JobState.choices, default=JobState.QUEUED)
+    on_restart = models.CharField(max_length=8, choices=OnRestart.choices, default=OnRestart.RESUME)
+    checkpoint = models.JSONField(null=True, blank=True)
+    units_done = models.PositiveBigIntegerField(default=0)
+    units_total = models.PositiveBigIntegerField(null=True, blank=True)
+
+    attempts = models.PositiveIntegerField(default=0, help_text="Failed attempts so far.")
+    max_attempts = models.PositiveIntegerField(default=5)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    errors = models.JSONField(default=list, blank=True, help_text="The newest 20 failures.")
+    last_error_class = models.CharField(max_length=200, blank=True, default="")
+    reason = models.TextField(blank=True, default="", help_text="Why it is paused or failed.")
+    error_code = models.CharField(max_length=64, blank=True, default="")
+    reclaims = models.PositiveIntegerField(
+        default=0, help_text="Times restart recovery took it back."
+    )
+
+    # NULL, not "", means "no lease": the lease index is partial on IS NOT NULL.
+    lease_owner = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    lease_epoch = models.PositiveBigIntegerField(default=0, help_text="Fencing token.")
+    event_seq = models.PositiveIntegerField(default=0)
+
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        indexes = [
+            # The claim: WHERE state='queued' AND queue=? AND next_attempt_at<=?
+            # ORDER BY priority DESC, next_attempt_at, id — an index range scan.
+            models.Index(
+                fields=["queue", "-priority", "next_attempt_at", "id"],
+                name="durable_job_due",
+                condition=Q(state="queued"),
+            ),
+            models.Index(
+                fields=["lease_expires_at"],
+                name="durable_job_lease",
+                condition=Q(lease_owner__isnull=False),
+            ),
+            # "Jobs of this state, newest first" (ids grow with creation).
+            models.Index(fields=["state", "-id"], name="durable_job_state_newest"),
+            models.Index(fields=["operation", "-id"], name="durable_job_op_newest"),
+            models.Index(fields=["finished_at"], name="durable_job_finished"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=JobState.values), name="durable_job_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=-100, priority__lte=100), name="durable_job_priority"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.operation} #{self.pk} ({self.state})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in FINISHED_STATES
+
+    @property
+    def progress(self) -> float | None:
+        if not self.units_total:
+            return None
+        return min(self.units_done / self.units_total, 1.0)
+
+    @property
+    def last_error(self) -> dict | None:
+        return self.errors[-1] if self.errors else None
+
+    def lease_is_live(self, now: datetime | None = None) -> bool:
+        return bool(
+            self.lease_owner
+            and self.lease_expires_at
+            and self.lease_expires_at > (now or timezone.now())
+        )
+
+
+class JobEvent(models.Model):
+    """The job's ordered log; ``seq`` runs 1, 2, 3… without gaps per job."""
+
+    # No separate index on job_id: the (job, seq) unique index leads with it.
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events", db_index=False)
+    seq = models.PositiveIntegerField()
+    kind = models.CharField(max_length=40)
+    message = models.TextField(blank=True, default="")
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["job", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "seq"], name="durable_jobevent_seq_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.job_id}.{self.seq} {self.kind}"
+
+
+class UnitResult(models.Model):
+    """Evidence that a unit finished: step 2 of the unit order skips a unit found here."""
+
+    # No separate index on job_id: the (job, key) unique index leads with it, and
+    # one index less is one write less on every unit commit.
+    job = models.ForeignKey(
+        Job, on_delete=models.CASCADE, related_name="unit_results", db_index=False
+    )
+    key = models.CharField(max_length=255)
+    result = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "key"], name="durable_unitresult_key_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.job_id} {self.key}"
+
+
+class WorkerProcessQuerySet(models.QuerySet):
+    def alive(self, now: datetime, within: timedelta) -> WorkerProcessQuerySet:
+        return self.filter(stopped_at__isnull=True, heartbeat_at__gte=now - within)
+
+
+class WorkerProcess(models.Model):
+    """One ``runworker`` process; tells a cold start (no live peer) from a joining worker."""
+
+    worker_id = models.CharField(max_length=200, unique=True)
+    hostname = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    host_key = models.CharField(max_length=100, blank=True, default="")
+    queues = models.JSONField(default=list)
+    concurrency = models.PositiveSmallIntegerField(default=1)
+    started_at = models.DateTimeField(default=timezone.now)
+    heartbeat_at = models.DateTimeField(default=timezone.now)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    objects = WorkerProcessQuerySet.as_manager()
+
+    class Meta:
+        indexes = [models.Index(fields=["heartbeat_at"], name="durable_worker_heartbeat")]
+
+    def __str__(self) -> str:
+        return self.worker_id

@@ -1,0 +1,106 @@
+"""Retry and bookkeeping policy as pure functions: no ORM, no clock reads.
+
+Every function takes what it needs (attempt number, ``now``, a random source)
+so the tables in tests/unit can pin the behaviour down exactly.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import traceback
+from datetime import datetime, timedelta
+from typing import Any
+
+MAX_ERROR_HISTORY = 20
+MAX_ERROR_MESSAGE_BYTES = 2 * 1024
+MAX_TRACEBACK_BYTES = 4 * 1024
+TRUNCATION_MARK = "… [truncated]"
+
+
+def backoff_delay(
+    attempt: int, *, base: float, cap: float, rng: random.Random | None = None
+) -> float:
+    """Exponential backoff with full jitter: uniform in [0, min(cap, base·2^(attempt-1))].
+
+    Full jitter (rather than ±x%) is what spreads a thundering herd of workers
+    that all failed at the same moment; ``attempt`` counts from 1.
+    """
+    if attempt < 1:
+        raise ValueError("attempt counts from 1")
+    if base < 0 or cap < 0:
+        raise ValueError("base and cap must not be negative")
+    # 2**attempt overflows float for absurd attempt counts; the cap wins long before.
+    exponent = min(attempt - 1, 62)
+    ceiling = min(cap, base * (2.0**exponent))
+    return (rng or random).uniform(0.0, ceiling)
+
+
+def truncate_utf8(text: str, limit: int, *, keep: str = "head") -> str:
+    """Cut ``text`` to at most ``limit`` UTF-8 bytes without splitting a character."""
+    encoded = text.encode("utf-8", errors="replace")
+    if len(encoded) <= limit:
+        return text
+    room = max(limit - len(TRUNCATION_MARK.encode()), 0)
+    if keep == "tail":
+        cut = encoded[-room:].decode("utf-8", errors="ignore") if room else ""
+        return TRUNCATION_MARK + cut
+    return encoded[:room].decode("utf-8", errors="ignore") + TRUNCATION_MARK
+
+
+def redact(text: str, secrets: frozenset[str] | set[str]) -> str:
+    """Replace every known secret value in ``text``; short values are ignored.
+
+    Values under 4 characters would turn ordinary words into holes and protect
+    nothing, so the credential store refuses them in the first place.
+    """
+    for secret in sorted(secrets, key=len, reverse=True):
+        if len(secret) >= 4:
+            text = text.replace(secret, "[redacted]")
+    return text
+
+
+def error_entry(
+    exc: BaseException,
+    *,
+    attempt: int,
+    retryable: bool,
+    now: datetime,
+    secrets: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
+    """One bounded, secret-free record of a failed attempt."""
+    cls = type(exc)
+    name = (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
+    message = redact(str(exc) or name, secrets)
+    tb = "".join(traceback.format_exception(exc))
+    return {
+        "at": now.isoformat(),
+        "attempt": attempt,
+        "error_class": name,
+        "message": truncate_utf8(message, MAX_ERROR_MESSAGE_BYTES),
+        "retryable": retryable,
+        "traceback": truncate_utf8(redact(tb, secrets), MAX_TRACEBACK_BYTES, keep="tail"),
+    }
+
+
+def append_bounded(history: list[dict] | None, entry: dict, limit: int = MAX_ERROR_HISTORY) -> list:
+    """Keep the newest ``limit`` entries: the first failures matter less than the last."""
+    items = [*(history or []), entry]
+    return items[-limit:]
+
+
+_DURATION = re.compile(r"^\s*(\d+)\s*(s|m|h|d|w)?\s*$", re.IGNORECASE)
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``30d``, ``12h``, ``15m``, ``90s``, ``2w`` or bare seconds."""
+    match = _DURATION.match(text or "")
+    if not match:
+        raise ValueError(
+            f"{text!r} is not a duration: use a number with s, m, h, d or w (e.g. 30d)"
+        )
+    amount, unit = int(match.group(1)), (match.group(2) or "s").lower()
+    return timedelta(seconds=amount * _UNIT_SECONDS[unit])

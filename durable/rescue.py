@@ -1,0 +1,339 @@
+"""Restart recovery: take jobs back from workers that stopped, per their on_restart policy.
+
+Runs when a worker starts (before it claims anything) and periodically while
+it runs, in every worker process, so there is no single rescuer that can
+itself stall. Each reclaim is one conditional transaction on the job's
+observed lease epoch: two rescuers racing over the same job apply the policy
+once.
+
+A lease is reclaimable when it expired, or — without waiting — when its
+owner ran in this same process space (same boot, same PID namespace) and
+that process no longer exists. A stopped-but-alive process (SIGSTOP) keeps
+its job until the lease expires; fencing then makes its late writes no-ops.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from functools import cache
+
+from django.db import connection, transaction
+from django.db.models import Max, Q
+from django.utils import timezone
+
+from . import signals
+from .jobs import add_events, announce_change
+from .lease import db_now
+from .models import Job, UnitResult, WorkerProcess
+from .policy import append_bounded
+from .states import LEASED_STATES, JobState, OnRestart, RestartOutcome, on_restart
+
+log = logging.getLogger("durable.rescue")
+
+RECLAIM_BATCH = 200
+
+
+@cache
+def host_key() -> str:
+    """Identifies the PID space this process lives in: the boot plus the PID namespace."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            boot = handle.read().strip()
+        pidns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return ""  # not Linux: fall back to lease expiry only
+    return f"{boot}:{pidns}"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            # A zombie has exited; only its parent has not collected it yet.
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+@dataclass
+class StartupReport:
+    cold_start: bool
+    boundary: datetime | None
+    failed_queued: list[int] = field(default_factory=list)
+    reclaimed: list[int] = field(default_factory=list)
+
+
+def register_worker(
+    worker_id: str, *, queues: list[str], concurrency: int, lease_seconds: float
+) -> tuple[bool, datetime | None]:
+    """Record this worker; report whether it is a cold start (no other live worker).
+
+    Serialised so that of several workers starting together exactly one sees a
+    cold start. ``boundary`` is when the previous fleet was last seen alive: jobs
+    queued before it were left over by that fleet.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [0x64757261626C65])
+        alive = WorkerProcess.objects.alive(now, timedelta(seconds=lease_seconds)).exists()
+        boundary = None
+        if not alive:
+            boundary = WorkerProcess.objects.aggregate(last=Max("heartbeat_at"))["last"]
+        WorkerProcess.objects.create(
+            worker_id=worker_id,
+            hostname=socket.gethostname()[:255],
+            pid=os.getpid(),
+            host_key=host_key(),
+            queues=queues,
+            concurrency=concurrency,
+            started_at=now,
+            heartbeat_at=now,
+        )
+    return not alive, boundary
+
+
+def register_inline(worker_id: str) -> None:
+    """A process running one job by hand: known for fast reclaim, no startup recovery."""
+    now = timezone.now()
+    WorkerProcess.objects.create(
+        worker_id=worker_id,
+        hostname=socket.gethostname()[:255],
+        pid=os.getpid(),
+        host_key=host_key(),
+        queues=[],
+        concurrency=1,
+        started_at=now,
+        heartbeat_at=now,
+    )
+
+
+def heartbeat(worker_id: str) -> None:
+    WorkerProcess.objects.filter(worker_id=worker_id).update(heartbeat_at=timezone.now())
+
+
+def mark_stopped(worker_id: str) -> None:
+    WorkerProcess.objects.filter(worker_id=worker_id).update(stopped_at=timezone.now())
+
+
+def _dead_owners(me: str) -> list[str]:
+    """Lease owners known to be gone: they said goodbye, or their PID no longer exists here.
+
+    ``stopped_at`` is only ever set for a process that is certainly gone (by
+    itself on exit, or here after checking its PID), so such leases can be
+    taken back before they expire without risking two live workers on a job.
+    """
+    owners = set(
+        Job.objects.filter(state__in=LEASED_STATES, lease_owner__isnull=False)
+        .exclude(lease_owner=me)
+        .values_list("lease_owner", flat=True)
+        .distinct()
+    )
+    if not owners:
+        return []
+    dead = []
+    mine = host_key()
+    for worker in WorkerProcess.objects.filter(worker_id__in=owners):
+        if worker.stopped_at is not None:
+            dead.append(worker.worker_id)
+        elif mine and worker.host_key == mine and not pid_alive(worker.pid):
+            WorkerProcess.objects.filter(pk=worker.pk).update(stopped_at=timezone.now())
+            dead.append(worker.worker_id)
+    return dead
+
+
+def _reclaimable(me: str) -> Q:
+    condition = Q(lease_expires_at__lt=db_now())
+    dead = _dead_owners(me)
+    if dead:
+        condition |= Q(lease_owner__in=dead)
+    return Q(state__in=LEASED_STATES, lease_owner__isnull=False) & condition & ~Q(lease_owner=me)
+
+
+def reclaim(me: str, *, limit: int = RECLAIM_BATCH) -> list[int]:
+    """Apply the restart policy to every job held by a stopped worker; return their ids."""
+    condition = _reclaimable(me)
+    candidates = list(
+        Job.objects.filter(condition)
+        .order_by("lease_expires_at")
+        .values_list("pk", "lease_epoch")[:limit]
+    )
+    done = []
+    for job_id, epoch in candidates:
+        if _reclaim_one(job_id, epoch, condition, me):
+            done.append(job_id)
+    return done
+
+
+def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str) -> bool:
+    now = timezone.now()
+    with transaction.atomic():
+        job = (
+            Job.objects.select_for_update().filter(condition, pk=job_id, lease_epoch=epoch).first()
+        )
+        if job is None:
+            return False  # renewed, finished or reclaimed by a peer meanwhile
+        old, previous = job.state, job.lease_owner
+        outcome = on_restart(job.state, job.on_restart)
+        fields: dict = {"lease_owner": None, "lease_expires_at": None, "updated_at": now}
+        if outcome is RestartOutcome.RELEASE:
+            Job.objects.filter(pk=job.pk).update(**fields)
+            return True
+        data = {"previous_worker": previous, "epoch": epoch, "policy": job.on_restart, "by": me}
+        if outcome is RestartOutcome.CANCEL:
+            fields.update(state=JobState.CANCELLED, finished_at=now, error_code="cancelled")
+            kind, message = "cancelled", "its worker stopped before finishing the cancel"
+        else:
+            attempts = job.attempts + 1
+            entry = {
+                "at": now.isoformat(),
+                "attempt": attempts,
+                "error_class": "WorkerLost",
+                "message": f"worker {previous} stopped while running this job",
+                "retryable": outcome is not RestartOutcome.FAIL,
+                "traceback": "",
+            }
+            fields.update(
+                attempts=attempts,
+                reclaims=job.reclaims + 1,
+                errors=append_bounded(job.errors, entry),
+                last_error_class="WorkerLost",
+            )
+            exhausted = attempts >= job.max_attempts
+            if outcome is RestartOutcome.FAIL:
+                fields.update(
+                    state=JobState.FAILED,
+                    finished_at=now,
+                    error_code="server_restarted",
+                    reason="its worker stopped while it ran and its on_restart policy is 'fail'",
+                )
+                kind, message = "failed", fields["reason"]
+            elif exhausted:
+                from .operations import get_operation, registered
+
+                target = (
+                    JobState(get_operation(job.operation).on_exhausted)
+                    if job.operation in registered()
+                    else JobState.FAILED
+                )
+                fields.update(
+                    state=target,
+                    error_code="exhausted",
+                    reason=(
+                        f"its worker stopped {attempts} times while running it (checkpoint "
+                        f"{job.checkpoint!r}); it may be what crashes the worker"
+                    ),
+                    finished_at=now if target == JobState.FAILED else None,
+                )
+                kind, message = target.value, fields["reason"]
+            else:
+                fields.update(state=JobState.QUEUED, next_attempt_at=now)
+                if outcome is RestartOutcome.REQUEUE_FROM_START:
+                    fields.update(checkpoint=None, units_done=0)
+                    UnitResult.objects.filter(job_id=job.pk).delete()
+                    data["from_start"] = True
+                kind, message = "reclaimed", f"taken back from {previous}"
+        for name, value in fields.items():
+            setattr(job, name, value)
+        add_events(job, [(kind, message, data)], now)
+        job.save(update_fields=[*fields, "event_seq"])
+        announce_change(job, old, kind, message, data)
+        signals.send_on_commit(
+            signals.job_reclaimed,
+            job_id=job.pk,
+            operation=job.operation,
+            previous_owner=previous,
+            policy=job.on_restart,
+            outcome=outcome.value,
+            old_state=old,
+            new_state=job.state,
+            checkpoint=job.checkpoint,
+            attempt=job.attempts,
+            next_attempt_at=job.next_attempt_at if job.state == JobState.QUEUED else None,
+            reason=job.reason,
+        )
+        if job.state in (JobState.FAILED, JobState.PAUSED):
+            signals.send_on_commit(
+                signals.job_needs_attention,
+                job_id=job.pk,
+                operation=job.operation,
+                state=job.state,
+                cause=job.error_code,
+                reason=job.reason,
+                checkpoint=job.checkpoint,
+                attempt=job.attempts,
+                next_attempt_at=None,
+            )
+    return True
+
+
+def fail_leftover_queued(boundary: datetime, me: str) -> list[int]:
+    """Cold start: queued jobs with on_restart=fail that the previous fleet left behind."""
+    failed = []
+    ids = list(
+        Job.objects.filter(
+            state=JobState.QUEUED, on_restart=OnRestart.FAIL, created_at__lte=boundary
+        ).values_list("pk", flat=True)
+    )
+    for job_id in ids:
+        now = timezone.now()
+        with transaction.atomic():
+            job = (
+                Job.objects.select_for_update()
+                .filter(pk=job_id, state=JobState.QUEUED, on_restart=OnRestart.FAIL)
+                .first()
+            )
+            if job is None:
+                continue
+            reason = "the server restarted before it ran and its on_restart policy is 'fail'"
+            job.state, job.finished_at, job.updated_at = JobState.FAILED, now, now
+            job.error_code, job.reason = "server_restarted", reason
+            add_events(job, [("failed", reason, {"policy": "fail", "by": me})], now)
+            job.save(
+                update_fields=[
+                    "state",
+                    "finished_at",
+                    "updated_at",
+                    "error_code",
+                    "reason",
+                    "event_seq",
+                ]
+            )
+            announce_change(job, JobState.QUEUED, "failed", reason, {})
+            signals.send_on_commit(
+                signals.job_needs_attention,
+                job_id=job.pk,
+                operation=job.operation,
+                state=job.state,
+                cause="server_restarted",
+                reason=reason,
+                checkpoint=job.checkpoint,
+                attempt=job.attempts,
+                next_attempt_at=None,
+            )
+            failed.append(job_id)
+    return failed
+
+
+def recover_at_startup(
+    worker_id: str, *, queues: list[str], concurrency: int, lease_seconds: float
+) -> StartupReport:
+    cold, boundary = register_worker(
+        worker_id, queues=queues, concurrency=concurrency, lease_seconds=lease_seconds
+    )
+    report = StartupReport(cold_start=cold, boundary=boundary)
+    if cold and boundary is not None:
+        report.failed_queued = fail_leftover_queued(boundary, worker_id)
+    while batch := reclaim(worker_id):
+        report.reclaimed.extend(batch)
+    return report

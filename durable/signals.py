@@ -1,0 +1,48 @@
+"""What the engine announces. ``recovery`` (or any app) subscribes; the engine never imports it.
+
+Every signal is sent after the transaction that caused it has committed, with
+``send_robust``: a failing receiver is logged and can never undo or block the
+engine's own write. Arguments are plain values (ids, strings, JSON), never
+model instances, so a receiver may run anywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import transaction
+from django.dispatch import Signal
+
+log = logging.getLogger("durable.signals")
+
+# job_id, operation, old_state, new_state, kind, message, data
+job_state_changed = Signal()
+
+# job_id, operation, previous_owner, policy, outcome, new_state, checkpoint,
+# attempt, next_attempt_at, reason
+job_reclaimed = Signal()
+
+# A job stopped and needs a person: exhausted attempts, non-retryable failure,
+# missing credential/storage, or failed by the restart policy.
+# job_id, operation, state, cause, reason, checkpoint, attempt, next_attempt_at
+job_needs_attention = Signal()
+
+# A security-relevant refusal (SSRF block, bad token...). category, key,
+# detail, severity, cwe, source, user_id, username, ip
+security_refusal = Signal()
+
+
+def send_on_commit(signal: Signal, **kwargs: Any) -> None:
+    """Send after the current transaction commits (or now, outside one)."""
+
+    def _send() -> None:
+        for receiver, result in signal.send_robust(sender="durable", **kwargs):
+            if isinstance(result, Exception):
+                log.error(
+                    "signal receiver failed",
+                    extra={"receiver": getattr(receiver, "__qualname__", repr(receiver))},
+                    exc_info=result,
+                )
+
+    transaction.on_commit(_send, robust=True)

@@ -1,0 +1,454 @@
+"""The worker: claims due jobs, runs their units in the SPEC §2 order, renews leases.
+
+``python manage.py runworker`` builds a ``Worker`` and calls ``run()``. Each of
+``concurrency`` threads claims one job at a time; one more thread renews every
+lease this process holds, beats the worker's heartbeat, and periodically
+reclaims jobs of stopped workers. Scale out with more processes (on one or
+many machines sharing PostgreSQL), not more threads: units are mostly I/O,
+and processes isolate crashes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import secrets
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.db import close_old_connections, connection, transaction
+from django.utils import timezone
+
+from . import faults, rescue
+from . import lease as leases
+from .errors import LeaseLost, NonRetryable, RetryLater, Unavailable
+from .lease import Lease
+from .models import Job
+from .operations import JobContext, Operation, Unit, check_payload, get_operation, registered
+from .policy import backoff_delay, error_entry
+from .states import JobState
+
+log = logging.getLogger("durable.worker")
+
+
+def default_worker_id() -> str:
+    """host:pid:random — a restarted process never inherits a dead one's identity."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+@dataclass
+class Execution:
+    """One claimed job as the renewer sees it."""
+
+    lease: Lease
+    ctx: JobContext
+    op: Operation
+    unit_started: float | None = None
+    observed_state: str = JobState.RUNNING
+    lost: bool = False
+    timed_out: bool = False
+    # False when the job had no unit results at claim: only this lease holder
+    # can add any, so step 2's lookup can be skipped (one query less per unit).
+    results_possible: bool = True
+
+
+@dataclass
+class Worker:
+    worker_id: str = field(default_factory=default_worker_id)
+    queues: list[str] = field(default_factory=lambda: ["default"])
+    concurrency: int = 1
+    burst: bool = False
+    lease_seconds: float = 30.0
+    poll_interval: float = 1.0
+    grace_seconds: float = 25.0
+    max_jobs: int | None = None
+    operations: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        self.stopping = threading.Event()  # no new claims; stop at the next unit boundary
+        self.finished = threading.Event()
+        self._executions: dict[int, Execution] = {}
+        self._lock = threading.Lock()
+        self._jobs_done = 0
+        self._reserved = 0
+        self._signals = 0
+
+    # --- lifecycle ------------------------------------------------------------
+
+    def run(self, *, install_signal_handlers: bool = True) -> int:
+        """Run until stopped (or, with ``burst``, until nothing is due). Returns an exit code."""
+        if install_signal_handlers:
+            self._install_signal_handlers()
+        ops = self.operations or sorted(registered())
+        self.operations = ops
+        report = rescue.recover_at_startup(
+            self.worker_id,
+            queues=self.queues,
+            concurrency=self.concurrency,
+            lease_seconds=self.lease_seconds,
+        )
+        log.info(
+            "worker started",
+            extra={
+                "worker": self.worker_id,
+                "queues": self.queues,
+                "concurrency": self.concurrency,
+                "cold_start": report.cold_start,
+                "reclaimed": len(report.reclaimed),
+                "failed_by_policy": len(report.failed_queued),
+            },
+        )
+        connection.close()
+        renewer = threading.Thread(target=self._renew_loop, name="durable-renewer", daemon=True)
+        renewer.start()
+        threads = [
+            threading.Thread(target=self._executor_loop, name=f"durable-{n}", daemon=True)
+            for n in range(self.concurrency)
+        ]
+        for thread in threads:
+            thread.start()
+        deadline = None
+        while any(thread.is_alive() for thread in threads):
+            if self.stopping.is_set() and deadline is None:
+                deadline = time.monotonic() + self.grace_seconds
+                self.stop()  # tell running units, which may poll ctx.should_stop()
+            if deadline is not None and time.monotonic() > deadline:
+                with self._lock:
+                    busy = sorted(self._executions)
+                log.warning(
+                    "grace period over; leaving these jobs to lease expiry",
+                    extra={"worker": self.worker_id, "jobs": busy},
+                )
+                break
+            for thread in threads:
+                thread.join(timeout=0.1)
+        self.finished.set()
+        renewer.join(timeout=5)
+        try:
+            rescue.mark_stopped(self.worker_id)
+        finally:
+            connection.close()
+        log.info("worker stopped", extra={"worker": self.worker_id, "jobs_done": self._jobs_done})
+        return 0
+
+    def stop(self) -> None:
+        self.stopping.set()
+        with self._lock:
+            for execution in self._executions.values():
+                execution.ctx.stop_requested.set()
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def handle(signum: int, _frame: Any) -> None:
+            # Only set an event here: the main thread may hold a lock we would need.
+            self._signals += 1
+            if self._signals > 1:
+                os._exit(1)  # second signal: leave now, leases will expire
+            self.stopping.set()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    def run_job(self, job_id: int, *, timeout: float | None = None) -> Job:
+        """Run one job in this process (management commands, tests) and return it finished.
+
+        If a worker holds the job already, wait for it instead; the job is never
+        run twice at once. Raises TimeoutError if ``timeout`` passes first.
+        """
+        started = time.monotonic()
+        job = Job.objects.get(pk=job_id)
+        get_operation(job.operation)  # fail fast if this process cannot run it
+        rescue.register_inline(self.worker_id)
+        renewer = threading.Thread(target=self._renew_loop, name="durable-renewer", daemon=True)
+        renewer.start()
+        try:
+            while True:
+                claimed = leases.claim(
+                    self.worker_id,
+                    queues=[],
+                    operations=[job.operation],
+                    lease_seconds=self.lease_seconds,
+                    job_id=job_id,
+                )
+                if claimed is not None:
+                    self.execute(*claimed)
+                job = Job.objects.get(pk=job_id)
+                if job.is_finished or job.state == JobState.PAUSED:
+                    return job
+                if timeout is not None and time.monotonic() - started > timeout:
+                    raise TimeoutError(f"job {job_id} is still {job.state}")
+                if self.stopping.wait(self.poll_interval):
+                    return job
+        finally:
+            self.finished.set()
+            renewer.join(timeout=5)
+            rescue.mark_stopped(self.worker_id)
+
+    # --- claiming -------------------------------------------------------------
+
+    def _executor_loop(self) -> None:
+        # Jitter the first claim so a fleet restarting together does not stampede.
+        if self.stopping.wait(random.uniform(0, min(self.poll_interval, 1.0))):
+            return
+        idle = 0.0
+        try:
+            while not self.stopping.is_set():
+                if not self._reserve():
+                    return
+                close_old_connections()
+                try:
+                    claimed = leases.claim(
+                        self.worker_id,
+                        queues=self.queues,
+                        operations=self.operations or [],
+                        lease_seconds=self.lease_seconds,
+                    )
+                except Exception:
+                    log.exception("claim failed; retrying", extra={"worker": self.worker_id})
+                    self._unreserve()
+                    idle = min(max(idle * 2, self.poll_interval), 30.0)
+                    self.stopping.wait(idle)
+                    continue
+                if claimed is None:
+                    self._unreserve()
+                    if self.burst:
+                        return
+                    self.stopping.wait(self.poll_interval * random.uniform(0.8, 1.2))
+                    continue
+                idle = 0.0
+                try:
+                    self.execute(*claimed)
+                except Exception:
+                    # Typically the database went away while recording an outcome;
+                    # the lease expires and restart recovery takes the job back.
+                    log.exception("job left to lease expiry", extra={"job": claimed[0].job_id})
+                with self._lock:
+                    self._jobs_done += 1
+        finally:
+            connection.close()
+
+    def _reserve(self) -> bool:
+        """With ``max_jobs``, hold one of the remaining claims for this thread."""
+        if self.max_jobs is None:
+            return True
+        with self._lock:
+            if self._reserved >= self.max_jobs:
+                return False
+            self._reserved += 1
+            return True
+
+    def _unreserve(self) -> None:
+        if self.max_jobs is not None:
+            with self._lock:
+                self._reserved -= 1
+
+    # --- running a job -----------------------------------------------------------
+
+    def execute(self, lease: Lease, job: Job) -> None:
+        """Run the claimed job's remaining units; always leaves the job in a settled state."""
+        op = get_operation(job.operation)
+        ctx = JobContext(
+            job_id=job.pk,
+            operation=job.operation,
+            input=job.input,
+            checkpoint=job.checkpoint,
+            attempt=job.attempts + 1,
+            worker_id=self.worker_id,
+            lease_epoch=lease.epoch,
+            units_done=job.units_done,
+            units_total=job.units_total,
+            logger=logging.getLogger(f"durable.op.{job.operation}"),
+        )
+        execution = Execution(lease, ctx, op, results_possible=leases.has_results(job.pk))
+        with self._lock:
+            self._executions[job.pk] = execution
+        units = None
+        try:
+            faults.reach("after_claim")
+            for name in op.credential_refs(job.input):
+                ctx.credential(name)
+            op.prepare(ctx)
+            if ctx.units_total is None:
+                ctx.units_total = op.total_units(ctx)
+            units = op.units(ctx)
+            for unit in units:
+                if self._at_boundary(execution):
+                    return
+                self._run_unit(execution, unit)
+            faults.reach("before_complete")
+            leases.complete(lease)
+        except LeaseLost as exc:
+            log.warning("lease lost; abandoning job", extra={"job": job.pk, "detail": str(exc)})
+        except Unavailable as exc:
+            self._settle_failure(leases.pause_unavailable, lease, str(exc))
+        except Exception as exc:
+            self._fail(execution, exc)
+        finally:
+            if units is not None and hasattr(units, "close"):
+                units.close()
+            with self._lock:
+                self._executions.pop(job.pk, None)
+
+    def _at_boundary(self, execution: Execution) -> bool:
+        """Between units: True if the worker must let go of the job now."""
+        if execution.lost:
+            raise LeaseLost(f"job {execution.lease.job_id}: renewal found the lease gone")
+        if execution.observed_state in (JobState.PAUSED, JobState.CANCELLING):
+            state = leases.settle(execution.lease)
+            if state == JobState.RUNNING:  # resumed while we were busy
+                execution.observed_state = state
+                execution.ctx.stop_requested.clear()
+                return False
+            return True
+        if self.stopping.is_set():
+            leases.release(execution.lease)
+            return True
+        return False
+
+    def _run_unit(self, execution: Execution, unit: Unit) -> None:
+        ctx, op, lease = execution.ctx, execution.op, execution.lease
+        check_payload(unit)
+        execution.unit_started = time.monotonic()
+        try:
+            if op.atomic_units:
+                with transaction.atomic():
+                    leases.fence(lease, self.lease_seconds)
+                    result = self._unit_body(execution, unit)
+                    state = self._commit(execution, unit, result)
+            else:
+                result = self._unit_body(execution, unit)
+                state = self._commit(execution, unit, result)
+        finally:
+            execution.unit_started = None
+        faults.reach("after_checkpoint")
+        ctx.checkpoint = unit.checkpoint
+        ctx.units_done += 1
+        execution.observed_state = state
+        if state in (JobState.PAUSED, JobState.CANCELLING):
+            ctx.stop_requested.set()
+
+    def _unit_body(self, execution: Execution, unit: Unit) -> Any:
+        """Steps 2 and 3, and the check of step 4: skip if done, else run and verify."""
+        ctx, op = execution.ctx, execution.op
+        exists, result = (
+            leases.result_exists(ctx.job_id, unit.key)
+            if execution.results_possible
+            else (False, None)
+        )
+        if exists:
+            ctx.logger.info(
+                "unit already done; skipping", extra={"job": ctx.job_id, "unit": unit.key}
+            )
+            return result
+        faults.reach("before_unit")
+        result = op.run_unit(ctx, unit)
+        faults.reach("after_unit")
+        op.verify(ctx, unit, result)
+        return result
+
+    def _commit(self, execution: Execution, unit: Unit, result: Any) -> str:
+        ctx = execution.ctx
+        events, ctx.pending_events = ctx.pending_events, []
+        return leases.commit_unit(
+            execution.lease,
+            key=unit.key,
+            result=result,
+            checkpoint=unit.checkpoint,
+            units_total=ctx.units_total,
+            events=events,
+        )
+
+    # --- failures -----------------------------------------------------------------
+
+    def _fail(self, execution: Execution, exc: Exception) -> None:
+        ctx, op, lease = execution.ctx, execution.op, execution.lease
+        now = timezone.now()
+        seen = frozenset(ctx.secrets)
+        if isinstance(exc, RetryLater):
+            entry = error_entry(exc, attempt=ctx.attempt, retryable=True, now=now, secrets=seen)
+            retry_at, consume = exc.at, exc.consume_attempt
+        elif isinstance(exc, (NonRetryable, *op.non_retryable)):
+            entry = error_entry(exc, attempt=ctx.attempt, retryable=False, now=now, secrets=seen)
+            retry_at, consume = None, True
+        else:
+            entry = error_entry(exc, attempt=ctx.attempt, retryable=True, now=now, secrets=seen)
+            retry_at = op.next_retry_at(ctx, exc, now) or now + timedelta(
+                seconds=backoff_delay(ctx.attempt, base=op.backoff_base, cap=op.backoff_max)
+            )
+            consume = True
+        ctx.logger.warning(
+            "unit failed",
+            extra={
+                "job": ctx.job_id,
+                "attempt": ctx.attempt,
+                "error_class": entry["error_class"],
+                "error": entry["message"][:200],
+                "retry_at": retry_at.isoformat() if retry_at else None,
+            },
+        )
+        self._settle_failure(
+            leases.record_failure,
+            lease,
+            entry,
+            retry_at=retry_at,
+            consume_attempt=consume,
+            on_exhausted=op.on_exhausted,
+        )
+
+    def _settle_failure(self, fn: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            fn(*args, **kwargs)
+        except LeaseLost as exc:
+            log.warning("lease lost while recording an outcome", extra={"detail": str(exc)})
+
+    # --- lease renewal ------------------------------------------------------------
+
+    def _renew_loop(self) -> None:
+        interval = max(self.lease_seconds / 3.0, 0.05)
+        reclaim_every = max(self.lease_seconds / 2.0, 0.1)
+        next_reclaim = time.monotonic() + reclaim_every * random.uniform(0.5, 1.0)
+        try:
+            while not self.finished.wait(interval):
+                close_old_connections()
+                try:
+                    self._renew_all()
+                    rescue.heartbeat(self.worker_id)
+                    if time.monotonic() >= next_reclaim and not self.stopping.is_set():
+                        rescue.reclaim(self.worker_id)
+                        next_reclaim = time.monotonic() + reclaim_every * random.uniform(0.8, 1.2)
+                except Exception:
+                    log.exception("lease renewal round failed", extra={"worker": self.worker_id})
+        finally:
+            connection.close()
+
+    def _renew_all(self) -> None:
+        with self._lock:
+            executions = list(self._executions.values())
+        for execution in executions:
+            timeout = execution.op.unit_timeout
+            started = execution.unit_started
+            if timeout and started is not None and time.monotonic() - started > timeout:
+                if not execution.timed_out:
+                    execution.timed_out = True
+                    log.error(
+                        "unit exceeded unit_timeout; its lease is left to expire",
+                        extra={"job": execution.lease.job_id, "unit_timeout": timeout},
+                    )
+                continue
+            state = leases.renew(execution.lease, self.lease_seconds)
+            if state is None:
+                execution.lost = True
+                execution.ctx.stop_requested.set()
+                log.warning("lease lost", extra={"job": execution.lease.job_id})
+            else:
+                execution.observed_state = state
+                if state in (JobState.PAUSED, JobState.CANCELLING):
+                    execution.ctx.stop_requested.set()
