@@ -1,0 +1,112 @@
+"""Shared fixtures: real worker subprocesses against the test database, and waiting helpers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail the test on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout}s: {predicate}")
+        time.sleep(interval)
+
+
+def database_url() -> str:
+    """The URL of the database the tests run on (pytest-django's test database)."""
+    from django.db import connection
+
+    settings = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{settings['NAME']}"
+    user = settings.get("USER") or "postgres"
+    password = f":{settings['PASSWORD']}" if settings.get("PASSWORD") else ""
+    host = settings.get("HOST") or "127.0.0.1"
+    port = settings.get("PORT") or 5432
+    return f"postgres://{user}{password}@{host}:{port}/{settings['NAME']}"
+
+
+class Workers:
+    """Starts ``manage.py runworker`` subprocesses; kills whatever is left at teardown."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen] = []
+
+    def env(self, faults: str = "", **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            DJANGO_SETTINGS_MODULE="tests.settings",
+            DATABASE_URL=database_url(),
+            DURABLE_FAULTS=faults,
+            PYTHONUNBUFFERED="1",
+            **extra,
+        )
+        return env
+
+    def start(
+        self,
+        *args: str,
+        faults: str = "",
+        lease: float = 1.0,
+        burst: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.Popen:
+        cmd = [sys.executable, "manage.py", "runworker", "--lease-seconds", str(lease)]
+        cmd += ["--poll-interval", "0.05", *args]
+        if burst:
+            cmd.append("--burst")
+        log = open(self.log_dir / f"worker-{len(self.procs)}.log", "w")  # noqa: SIM115 - closed at teardown
+        proc = subprocess.Popen(
+            cmd, cwd=BASE_DIR, env={**self.env(faults), **(env or {})}, stdout=log, stderr=log
+        )
+        proc.log_path = log.name  # type: ignore[attr-defined]
+        proc.log_file = log  # type: ignore[attr-defined]
+        self.procs.append(proc)
+        return proc
+
+    def run(self, *args: str, timeout: float = 60.0, **kwargs: Any) -> subprocess.Popen:
+        """Start a ``--burst`` worker and wait for it to exit."""
+        proc = self.start(*args, burst=True, **kwargs)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail(f"worker did not finish in {timeout}s:\n{self.log(proc)}")
+        return proc
+
+    @staticmethod
+    def log(proc: subprocess.Popen) -> str:
+        proc.log_file.flush()  # type: ignore[attr-defined]
+        return Path(proc.log_path).read_text()  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()  # SIGKILL also ends a SIGSTOPped process
+            proc.wait(timeout=10)
+            proc.log_file.close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Workers]:
+    pool = Workers(tmp_path)
+    try:
+        yield pool
+    finally:
+        pool.close()

@@ -1,0 +1,278 @@
+"""Real worker subprocesses, killed for real: SIGKILL, SIGSTOP/SIGCONT, SIGTERM.
+
+Every test here uses ``transaction=True``: the workers are other processes with
+their own connections, so the test's rows must really be committed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from durable import jobs
+from durable.models import Job
+from tests.conftest import wait_until
+from tests.testapp.models import SideEffect
+
+from .helpers import drain
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def done_lines(path: Path) -> Counter:
+    if not path.exists():
+        return Counter()
+    return Counter(
+        line.split()[2] for line in path.read_text().splitlines() if line.startswith("done ")
+    )
+
+
+def proc_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as handle:
+        return handle.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_worker__runs_jobs_to_completion(workers):
+    created = [jobs.enqueue("test.rows", {"units": 5}).pk for _ in range(3)]
+    proc = workers.run()
+    assert proc.returncode == 0, workers.log(proc)
+    assert set(Job.objects.filter(pk__in=created).values_list("state", flat=True)) == {"completed"}
+    assert SideEffect.objects.count() == 15
+
+
+def test_crash_before_checkpoint__repeats_that_one_unit_not_the_job(workers, tmp_path):
+    out = tmp_path / "side-effects.log"
+    job = jobs.enqueue("test.append", {"units": 5, "path": str(out)})
+    crashed = workers.run(faults="after_unit:3")  # SIGKILL after u2's side effect
+    assert crashed.returncode == -signal.SIGKILL
+    job.refresh_from_db()
+    assert (job.state, job.checkpoint) == ("running", {"next": 2})
+
+    restarted = workers.run()
+    assert restarted.returncode == 0, workers.log(restarted)
+    job.refresh_from_db()
+    assert job.state == "completed"
+    # An external side effect with no idempotency check is at-least-once per unit:
+    # the unit that crashed ran twice, every other unit exactly once.
+    assert done_lines(out) == {"u0": 1, "u1": 1, "u2": 2, "u3": 1, "u4": 1}
+    assert job.reclaims == 1
+    assert job.events.filter(kind="reclaimed").count() == 1
+
+
+def test_crash_before_checkpoint__atomic_units_are_exactly_once(workers):
+    job = jobs.enqueue("test.rows", {"units": 5})
+    assert workers.run(faults="after_unit:3").returncode == -signal.SIGKILL
+    assert workers.run().returncode == 0
+    job.refresh_from_db()
+    assert job.state == "completed"
+    keys = Counter(SideEffect.objects.filter(job_id=job.pk).values_list("key", flat=True))
+    assert keys == {f"u{i}": 1 for i in range(5)}
+
+
+def test_crash_after_side_effect__a_checking_unit_does_not_repeat_it(workers, tmp_path):
+    out = tmp_path / "side-effects.log"
+    job = jobs.enqueue("test.append", {"units": 4, "path": str(out), "idempotent": True})
+    assert workers.run(faults="after_unit:2").returncode == -signal.SIGKILL
+    assert workers.run().returncode == 0
+    job.refresh_from_db()
+    assert job.state == "completed"
+    assert done_lines(out) == {"u0": 1, "u1": 1, "u2": 1, "u3": 1}
+
+
+def test_crash_after_checkpoint__nothing_is_repeated(workers, tmp_path):
+    out = tmp_path / "side-effects.log"
+    job = jobs.enqueue("test.append", {"units": 4, "path": str(out)})
+    assert workers.run(faults="after_checkpoint:2").returncode == -signal.SIGKILL
+    assert workers.run().returncode == 0
+    job.refresh_from_db()
+    assert job.state == "completed"
+    assert done_lines(out) == {"u0": 1, "u1": 1, "u2": 1, "u3": 1}
+
+
+def test_stale_worker__cannot_advance_the_checkpoint_after_its_lease_expired(workers, tmp_path):
+    out = tmp_path / "side-effects.log"
+    job = jobs.enqueue("test.append", {"units": 4, "path": str(out)})
+    stale = workers.start("--burst", "--max-jobs", "1", faults="after_unit:2:stop", lease=1.0)
+    wait_until(lambda: proc_state(stale.pid) == "T")  # stopped after u1's side effect
+    job.refresh_from_db()
+    assert job.checkpoint == {"next": 1}
+    epoch = job.lease_epoch
+    wait_until(lambda: Job.objects.get(pk=job.pk).lease_expires_at < timezone.now(), timeout=10)
+
+    # A worker that only runs restart recovery (it has no matching operation to claim).
+    rescuer = workers.run("--operation", "durable.noop")
+    assert rescuer.returncode == 0
+    job.refresh_from_db()
+    assert (job.state, job.lease_owner, job.checkpoint) == ("queued", None, {"next": 1})
+
+    os.kill(stale.pid, signal.SIGCONT)
+    assert stale.wait(timeout=20) == 0
+    assert "lease lost" in workers.log(stale)
+    job.refresh_from_db()
+    assert (job.state, job.checkpoint, job.units_done) == ("queued", {"next": 1}, 1)
+
+    assert workers.run().returncode == 0
+    job.refresh_from_db()
+    assert job.state == "completed"
+    assert job.lease_epoch == epoch + 1
+    assert done_lines(out)["u1"] == 2  # the stale worker's side effect, then the replay
+
+
+def test_concurrent_workers__never_run_one_job_in_two_places(workers, tmp_path):
+    paths = {}
+    for n in range(12):
+        path = tmp_path / f"job-{n}.log"
+        job = jobs.enqueue("test.append", {"units": 6, "path": str(path), "sleep": 0.01})
+        paths[job.pk] = path
+    procs = [workers.start("--burst") for _ in range(4)]
+    for proc in procs:
+        assert proc.wait(timeout=120) == 0, workers.log(proc)
+    assert set(Job.objects.values_list("state", flat=True)) == {"completed"}
+    pids = set()
+    for job_id, path in paths.items():
+        rows = [line.split() for line in path.read_text().splitlines()]
+        assert done_lines(path) == {f"u{i}": 1 for i in range(6)}
+        # Within one job, every unit ends before the next one begins: never two at once.
+        events = [(row[0], row[2], float(row[4])) for row in rows]
+        assert [kind for kind, _, _ in events] == ["begin", "done"] * 6
+        times = [t for _, _, t in events]
+        assert times == sorted(times), f"overlapping units in job {job_id}"
+        pids.update(row[3] for row in rows)
+    assert len(pids) >= 2  # the four workers really shared the work
+
+
+def test_sigterm__stops_at_a_unit_boundary_and_returns_the_job_unspent(workers, tmp_path):
+    out = tmp_path / "side-effects.log"
+    job = jobs.enqueue("test.append", {"units": 40, "path": str(out), "sleep": 0.05})
+    proc = workers.start("--grace-seconds", "10")
+    wait_until(lambda: Job.objects.get(pk=job.pk).units_done >= 2)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0, workers.log(proc)
+    assert time.monotonic() - started < 3
+    job.refresh_from_db()
+    assert job.state == "queued"
+    assert job.attempts == 0
+    assert job.lease_owner is None
+    assert 2 <= job.units_done < 40
+    assert job.events.filter(kind="released").exists()
+    assert workers.run(timeout=120).returncode == 0
+    job.refresh_from_db()
+    assert job.state == "completed"
+    assert set(done_lines(out).values()) == {1}  # stopped between units: nothing repeated
+
+
+def test_sigterm__a_second_signal_exits_at_once(workers, tmp_path):
+    job = jobs.enqueue("test.append", {"units": 2, "path": str(tmp_path / "x"), "sleep": 30})
+    proc = workers.start("--grace-seconds", "60")
+    wait_until(lambda: Job.objects.get(pk=job.pk).state == "running")
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    assert proc.poll() is None  # waiting for the unit, within its grace period
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=5) == 1
+
+
+def test_sigterm__after_the_grace_period_the_lease_is_left_to_recovery(workers, tmp_path):
+    out = tmp_path / "x"
+    job = jobs.enqueue("test.append", {"units": 2, "path": str(out), "sleep": 3})
+    proc = workers.start("--grace-seconds", "0.5", lease=30)
+    wait_until(lambda: out.exists())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=5) == 0
+    job.refresh_from_db()
+    assert job.state == "running"  # the unit was still running: nobody may take it yet
+    # The process is gone, so a new worker on this machine takes the job back at
+    # once instead of waiting out the 30 s lease.
+    assert workers.run(timeout=60).returncode == 0
+    job.refresh_from_db()
+    assert job.state == "completed"
+    assert job.reclaims == 1
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected_state", "expected_runs"),
+    [
+        ("fail", "failed", {"u0": 1, "u1": 1, "u2": 1}),
+        ("retry", "completed", {"u0": 2, "u1": 2, "u2": 2, "u3": 1}),
+        ("resume", "completed", {"u0": 1, "u1": 1, "u2": 2, "u3": 1}),
+    ],
+)
+def test_restart_policy__after_a_real_crash(
+    workers, tmp_path, policy, expected_state, expected_runs
+):
+    out = tmp_path / "side-effects.log"
+    job = jobs.enqueue("test.append", {"units": 4, "path": str(out)}, on_restart=policy)
+    assert workers.run(faults="after_unit:3").returncode == -signal.SIGKILL
+    assert workers.run().returncode == 0
+    job.refresh_from_db()
+    assert job.state == expected_state
+    assert done_lines(out) == expected_runs
+    if policy == "fail":
+        assert job.error_code == "server_restarted"
+
+
+def test_restart_during_backoff__the_wait_survives_the_restart(workers):
+    job = jobs.enqueue("test.flaky", {"fail_times": 1, "error": "retry_later", "delay": 30})
+    assert workers.run().returncode == 0
+    job.refresh_from_db()
+    waiting_until = job.next_attempt_at
+    assert (job.state, job.attempts) == ("queued", 1)
+    assert workers.run().returncode == 0  # a restarted worker finds nothing due
+    job.refresh_from_db()
+    assert (job.state, job.attempts, job.next_attempt_at) == ("queued", 1, waiting_until)
+
+
+def _cancel_after(job_id: int, delay: float, outcome: dict) -> None:
+    time.sleep(delay)
+    outcome["cancel"] = jobs.cancel(job_id, actor="ops")
+    connection.close()
+
+
+def _work_on(job_id: int, owner: str) -> None:
+    drain(job_id, owner=owner)
+    connection.close()
+
+
+def test_cancel_racing_completion__never_ends_both_ways():
+    """Two threads, two connections: a worker finishing the last unit, an operator cancelling."""
+    results: Counter = Counter()
+    rng = random.Random(1)
+    round_ = 0
+    # Until each side has won a few times, so both orders are really exercised.
+    while min(results["cancelled"], results["completed"]) < 3:
+        round_ += 1
+        assert round_ <= 200, f"the race never went both ways: {results}"
+        job = jobs.enqueue("test.rows", {"units": 2, "sleep": 0.003})
+        outcome: dict = {}
+        threads = [
+            threading.Thread(target=_cancel_after, args=(job.pk, rng.uniform(0, 0.06), outcome)),
+            threading.Thread(target=_work_on, args=(job.pk, f"race-{round_}")),
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        job.refresh_from_db()
+        kinds = set(job.events.values_list("kind", flat=True))
+        cancel = outcome["cancel"]
+        if cancel.applied:
+            assert job.state == "cancelled", (
+                "a cancel was accepted, yet the job did not end cancelled"
+            )
+            assert "completed" not in kinds
+        else:
+            assert job.state == "completed"
+            assert cancel.refusal == "a completed job cannot be cancelled"
+            assert "cancelled" not in kinds
+        results[job.state] += 1

@@ -1,0 +1,514 @@
+"""The engine against a real database, in the test's thread (no subprocesses here)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+
+import pytest
+from django.test import TestCase
+from django.utils import timezone
+
+from durable import jobs, lease, rescue, signals
+from durable.errors import InputRejected, LeaseLost, UnknownOperation
+from durable.models import Job, JobEvent, UnitResult, WorkerProcess
+from durable.policy import MAX_ERROR_MESSAGE_BYTES
+from tests.testapp.models import SideEffect
+
+from .helpers import drain
+
+pytestmark = pytest.mark.django_db
+
+
+def seqs(job: Job) -> list[int]:
+    return list(job.events.order_by("seq").values_list("seq", flat=True))
+
+
+def kinds(job: Job) -> list[str]:
+    return list(job.events.order_by("seq").values_list("kind", flat=True))
+
+
+# --- enqueue -----------------------------------------------------------------------
+
+
+def test_enqueue__persists_the_job_and_its_first_event():
+    job = jobs.enqueue("test.rows", {"units": 2}, owner="alice", tenant="t1")
+    job.refresh_from_db()
+    assert job.state == "queued"
+    assert job.input == {"units": 2}
+    assert job.on_restart == "resume"
+    assert job.max_attempts == 10  # the operation's default
+    assert kinds(job) == ["enqueued"]
+    assert job.event_seq == 1
+
+
+def test_enqueue__refuses_a_credential_in_the_input():
+    with pytest.raises(InputRejected) as info:
+        jobs.enqueue("test.rows", {"units": 1, "api_key": "abcd1234"})
+    assert info.value.field == "api_key"
+    assert not Job.objects.exists()
+
+
+def test_enqueue__refuses_unknown_operations_and_bad_priority():
+    with pytest.raises(UnknownOperation):
+        jobs.enqueue("no.such.thing", {})
+    with pytest.raises(InputRejected, match="priority"):
+        jobs.enqueue("test.rows", {}, priority=101)
+
+
+def test_enqueue__lets_the_operation_validate_its_input():
+    with pytest.raises(InputRejected, match="units"):
+        jobs.enqueue("durable.noop", {"units": "many"})
+
+
+# --- claim -------------------------------------------------------------------------
+
+
+def test_claim__takes_higher_priority_first_then_the_longest_due():
+    now = timezone.now()
+    low = jobs.enqueue("test.rows", {}, priority=0, run_after=now - timedelta(minutes=5))
+    high = jobs.enqueue("test.rows", {}, priority=10, run_after=now - timedelta(minutes=1))
+    older = jobs.enqueue("test.rows", {}, priority=0, run_after=now - timedelta(minutes=9))
+    order = []
+    for _ in range(3):
+        _, job = lease.claim("w", queues=["default"], operations=["test.rows"], lease_seconds=30)
+        order.append(job.pk)
+    assert order == [high.pk, older.pk, low.pk]
+
+
+def test_claim__skips_jobs_not_yet_due_other_queues_and_unknown_operations():
+    jobs.enqueue("test.rows", {}, run_after=timezone.now() + timedelta(minutes=5))
+    jobs.enqueue("test.rows", {}, queue="other")
+    jobs.enqueue("test.append", {"path": "/dev/null"})
+    assert lease.claim("w", queues=["default"], operations=["test.rows"], lease_seconds=30) is None
+
+
+def test_claim__increments_the_epoch_and_logs_who_took_it():
+    job = jobs.enqueue("test.rows", {})
+    first, _ = lease.claim("w1", queues=["default"], operations=["test.rows"], lease_seconds=30)
+    lease.release(first)
+    second, claimed = lease.claim(
+        "w2", queues=["default"], operations=["test.rows"], lease_seconds=30
+    )
+    assert second.epoch == first.epoch + 1
+    assert claimed.lease_owner == "w2"
+    started = JobEvent.objects.filter(job=job, kind="started").order_by("seq")
+    assert [e.data["worker"] for e in started] == ["w1", "w2"]
+
+
+# --- running units ------------------------------------------------------------------
+
+
+def test_run__completes_every_unit_once_with_progress_and_gapless_events():
+    job = jobs.enqueue("test.rows", {"units": 5})
+    job = drain(job.pk)
+    assert job.state == "completed"
+    assert (job.units_done, job.units_total) == (5, 5)
+    assert job.checkpoint == {"next": 5}
+    assert job.lease_owner is None
+    assert job.finished_at is not None
+    assert sorted(SideEffect.objects.filter(job_id=job.pk).values_list("key", flat=True)) == [
+        f"u{i}" for i in range(5)
+    ]
+    assert UnitResult.objects.filter(job=job).count() == 5
+    assert kinds(job) == ["enqueued", "started", "completed"]
+    assert seqs(job) == [1, 2, 3]
+
+
+def test_run__skips_a_unit_whose_result_already_exists():
+    job = jobs.enqueue("test.rows", {"units": 3})
+    UnitResult.objects.create(job=job, key="u1", result={"index": 1})
+    job = drain(job.pk)
+    assert job.state == "completed"
+    assert job.units_done == 3
+    assert sorted(SideEffect.objects.filter(job_id=job.pk).values_list("key", flat=True)) == [
+        "u0",
+        "u2",
+    ]
+
+
+def test_run__resumes_from_the_persisted_checkpoint():
+    job = jobs.enqueue("test.rows", {"units": 4})
+    Job.objects.filter(pk=job.pk).update(checkpoint={"next": 2}, units_done=2)
+    drain(job.pk)
+    assert sorted(SideEffect.objects.filter(job_id=job.pk).values_list("key", flat=True)) == [
+        "u2",
+        "u3",
+    ]
+
+
+# --- fencing -------------------------------------------------------------------------
+
+
+def test_fencing__a_worker_that_lost_its_lease_cannot_touch_the_job():
+    job = jobs.enqueue("test.rows", {"units": 3})
+    stale, _ = lease.claim("old", queues=["default"], operations=["test.rows"], lease_seconds=30)
+    # The lease expires and restart recovery hands the job to another worker.
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert rescue.reclaim("rescuer") == [job.pk]
+    fresh, _ = lease.claim("new", queues=["default"], operations=["test.rows"], lease_seconds=30)
+    assert fresh.epoch == stale.epoch + 1
+
+    before = Job.objects.get(pk=job.pk)
+    with pytest.raises(LeaseLost):
+        lease.commit_unit(stale, key="u0", result=None, checkpoint={"next": 1}, units_total=3)
+    assert lease.renew(stale, 30) is None
+    for settle in (lease.complete, lease.release, lease.settle):
+        with pytest.raises(LeaseLost):
+            settle(stale)
+    with pytest.raises(LeaseLost):
+        lease.record_failure(stale, {"error_class": "X", "message": "m"}, retry_at=None)
+    after = Job.objects.get(pk=job.pk)
+    assert (after.checkpoint, after.units_done, after.state, after.event_seq) == (
+        before.checkpoint,
+        before.units_done,
+        "running",
+        before.event_seq,
+    )
+    assert not UnitResult.objects.filter(job=job).exists()
+    # The current holder is unaffected.
+    assert (
+        lease.commit_unit(fresh, key="u0", result=None, checkpoint={"next": 1}, units_total=3)
+        == "running"
+    )
+
+
+# --- failures and retries -------------------------------------------------------------
+
+
+def test_retry__persists_the_next_attempt_before_releasing_the_job():
+    job = jobs.enqueue("test.flaky", {"fail_times": 1})
+    claimed = lease.claim("w", queues=["default"], operations=["test.flaky"], lease_seconds=30)
+    from durable.worker import Worker
+
+    Worker(worker_id="w").execute(*claimed)
+    job.refresh_from_db()
+    assert job.state == "queued"
+    assert job.attempts == 1
+    assert job.lease_owner is None
+    failed_at = datetime.fromisoformat(job.errors[0]["at"])
+    assert failed_at <= job.next_attempt_at <= failed_at + timedelta(seconds=0.05)  # backoff_max
+    assert job.errors[0]["error_class"] == "RuntimeError"
+    assert job.errors[0]["retryable"] is True
+    assert kinds(job)[-1] == "retry_scheduled"
+    job = drain(job.pk)
+    assert job.state == "completed"
+    assert job.attempts == 1  # failed attempts; the successful one is not counted
+
+
+def test_retry__gives_up_after_max_attempts_and_keeps_the_job_failed():
+    job = jobs.enqueue("test.flaky", {"fail_times": 10})
+    with signals_captured(signals.job_needs_attention) as seen:
+        job = drain(job.pk)
+    assert job.state == "failed"
+    assert job.error_code == "exhausted"
+    assert job.attempts == 3
+    assert len(job.errors) == 3
+    assert "gave up after 3 attempts" in job.reason
+    assert Job.objects.filter(pk=job.pk).exists()
+    assert [s["cause"] for s in seen] == ["exhausted"]
+
+
+def test_retry__exhaustion_can_pause_instead_of_fail():
+    job = drain(jobs.enqueue("test.flaky_pause", {"fail_times": 10}).pk)
+    assert job.state == "paused"
+    assert job.error_code == "exhausted"
+    assert job.finished_at is None
+    # Resuming an exhausted job gives it a fresh attempt budget.
+    outcome = jobs.resume(job.pk, actor="ops")
+    assert outcome.applied
+    job.refresh_from_db()
+    assert (job.state, job.attempts) == ("queued", 0)
+
+
+def test_retry__non_retryable_errors_fail_at_once():
+    job = drain(jobs.enqueue("test.flaky", {"fail_times": 10, "error": "nonretryable"}).pk)
+    assert job.state == "failed"
+    assert job.error_code == "non_retryable"
+    assert job.attempts == 1
+    assert job.errors[-1]["retryable"] is False
+
+
+def test_retry__retry_later_sets_the_exact_time():
+    job = jobs.enqueue("test.flaky", {"fail_times": 1, "error": "retry_later", "delay": 120})
+    before = timezone.now()
+    drain(timeout=0.5)
+    job.refresh_from_db()
+    assert job.state == "queued"
+    assert timedelta(seconds=119) < job.next_attempt_at - before < timedelta(seconds=122)
+
+
+def test_retry__error_history_is_bounded():
+    job = jobs.enqueue("test.flaky", {"fail_times": 30, "message": "x" * 10_000}, max_attempts=25)
+    job = drain(job.pk, timeout=30)
+    assert job.state == "failed"
+    assert job.attempts == 25
+    assert len(job.errors) == 20
+    assert job.errors[0]["attempt"] == 6  # the oldest five were dropped
+    assert all(len(e["message"].encode()) <= MAX_ERROR_MESSAGE_BYTES for e in job.errors)
+
+
+def test_unavailable__pauses_with_an_actionable_reason_and_spends_no_attempt():
+    job = drain(jobs.enqueue("test.needs_credential", {"token_ref": "missing-one"}).pk)
+    assert job.state == "paused"
+    assert job.attempts == 0
+    assert job.error_code == "unavailable"
+    assert "DURABLE_CREDENTIAL_MISSING_ONE" in job.reason
+
+
+def test_credentials__resolved_at_run_time_and_never_persisted(settings):
+    secret = "tok-9f8e7d6c5b4a"
+    settings.DURABLE_CREDENTIALS = {"ci": secret}
+    ok = drain(jobs.enqueue("test.needs_credential", {"token_ref": "ci"}).pk)
+    assert ok.state == "completed"
+    leaky = jobs.enqueue("test.needs_credential", {"token_ref": "ci", "leak": True}, max_attempts=1)
+    leaky = drain(leaky.pk)
+    assert leaky.state == "failed"
+    assert "[redacted]" in leaky.errors[0]["message"]
+    for job in Job.objects.all():
+        blob = repr(
+            (job.input, job.checkpoint, job.errors, job.reason, list(job.events.values()),
+             list(job.unit_results.values()))
+        )  # fmt: skip
+        assert secret not in blob
+
+
+# --- operator actions ----------------------------------------------------------------
+
+
+def test_actions__pause_resume_cancel_on_a_queued_job():
+    job = jobs.enqueue("test.rows", {})
+    assert jobs.pause(job.pk, actor="ops").applied
+    assert lease.claim("w", queues=["default"], operations=["test.rows"], lease_seconds=30) is None
+    assert jobs.resume(job.pk, actor="ops").applied
+    assert jobs.cancel(job.pk, actor="ops").applied
+    job.refresh_from_db()
+    assert job.state == "cancelled"
+    assert job.finished_at is not None
+    assert kinds(job) == ["enqueued", "paused", "resumed", "cancelled"]
+    assert job.events.get(kind="paused").data["actor"] == "ops"
+
+
+def test_actions__a_double_click_changes_nothing_twice():
+    job = jobs.enqueue("test.rows", {})
+    first, second = jobs.pause(job.pk), jobs.pause(job.pk)
+    assert first.applied
+    assert not second.applied
+    assert not second.refused
+    assert kinds(job) == ["enqueued", "paused"]
+
+
+def test_actions__refused_transitions_say_why_and_change_nothing():
+    job = drain(jobs.enqueue("test.rows", {"units": 1}).pk)
+    outcome = jobs.cancel(job.pk)
+    assert outcome.refusal == "a completed job cannot be cancelled"
+    job.refresh_from_db()
+    assert job.state == "completed"
+    assert jobs.act("pause", [999_999])[0].refusal == "no such job"
+
+
+def test_actions__retry_now_requeues_a_failed_job_from_its_checkpoint():
+    job = drain(jobs.enqueue("test.flaky", {"fail_times": 10}).pk)
+    Job.objects.filter(pk=job.pk).update(checkpoint={"note": "kept"})
+    assert jobs.retry_now(job.pk, actor="ops").applied
+    job.refresh_from_db()
+    assert (job.state, job.attempts, job.checkpoint, job.finished_at) == (
+        "queued",
+        0,
+        {"note": "kept"},
+        None,
+    )
+
+
+def test_actions__retry_now_skips_the_backoff_of_a_waiting_job():
+    job = jobs.enqueue("test.rows", {}, run_after=timezone.now() + timedelta(hours=1))
+    assert jobs.retry_now(job.pk).applied
+    job.refresh_from_db()
+    assert job.next_attempt_at <= timezone.now()
+
+
+def test_actions__pause_of_a_running_job_takes_effect_at_the_unit_boundary():
+    job = drain(jobs.enqueue("test.act", {"units": 4, "act_at": 1, "action": "pause"}).pk)
+    assert job.state == "paused"
+    assert job.lease_owner is None
+    # The unit that was running when the pause arrived finished and was checkpointed.
+    assert job.checkpoint == {"next": 2}
+    assert SideEffect.objects.filter(job_id=job.pk).count() == 2
+    assert jobs.resume(job.pk).applied
+    Job.objects.filter(pk=job.pk).update(input={"units": 4, "act_at": -1, "action": "pause"})
+    job = drain(job.pk)
+    assert job.state == "completed"
+    assert SideEffect.objects.filter(job_id=job.pk).count() == 4
+
+
+def test_actions__cancel_of_a_running_job_stops_at_the_next_boundary():
+    job = drain(jobs.enqueue("test.act", {"units": 4, "act_at": 1, "action": "cancel"}).pk)
+    assert job.state == "cancelled"
+    assert SideEffect.objects.filter(job_id=job.pk).count() == 2
+    assert "completed" not in kinds(job)
+    assert kinds(job)[-2:] == ["cancel_requested", "cancelled"]
+
+
+def test_actions__bulk_covers_many_jobs_in_batches():
+    created = [jobs.enqueue("test.rows", {}).pk for _ in range(25)]
+    outcomes = jobs.act("pause", created, actor="ops", batch_size=7)
+    assert sum(o.applied for o in outcomes) == 25
+    assert Job.objects.filter(state="paused").count() == 25
+
+
+# --- restart recovery ------------------------------------------------------------------
+
+
+def leased(job: Job, *, state: str, owner: str = "dead-worker", expired: bool = True) -> Job:
+    Job.objects.filter(pk=job.pk).update(
+        state=state,
+        lease_owner=owner,
+        lease_epoch=1,
+        lease_expires_at=timezone.now() + timedelta(seconds=-5 if expired else 60),
+        checkpoint={"next": 2},
+        units_done=2,
+    )
+    return Job.objects.get(pk=job.pk)
+
+
+@pytest.mark.parametrize(
+    ("policy", "state", "expected_state", "expected_checkpoint", "code"),
+    [
+        ("fail", "running", "failed", {"next": 2}, "server_restarted"),
+        ("retry", "running", "queued", None, ""),
+        ("resume", "running", "queued", {"next": 2}, ""),
+        ("fail", "cancelling", "cancelled", {"next": 2}, "cancelled"),
+        ("retry", "cancelling", "cancelled", {"next": 2}, "cancelled"),
+        ("resume", "cancelling", "cancelled", {"next": 2}, "cancelled"),
+    ],
+)
+def test_restart_policy__spec_table_for_jobs_of_a_stopped_worker(
+    policy, state, expected_state, expected_checkpoint, code
+):
+    job = leased(jobs.enqueue("test.rows", {"units": 4}, on_restart=policy), state=state)
+    UnitResult.objects.create(job=job, key="u0")
+    with signals_captured(signals.job_reclaimed) as seen:
+        assert rescue.reclaim("me") == [job.pk]
+    job.refresh_from_db()
+    assert job.state == expected_state
+    assert job.checkpoint == expected_checkpoint
+    assert job.error_code == code
+    assert job.lease_owner is None
+    assert seqs(job) == list(range(1, job.event_seq + 1))
+    assert seen[0]["previous_owner"] == "dead-worker"
+    assert seen[0]["new_state"] == expected_state
+    # "retry" starts over: its unit results go too, so every unit runs again.
+    assert UnitResult.objects.filter(job=job).exists() is (policy != "retry" or state != "running")
+
+
+def test_restart_policy__a_live_lease_is_left_alone():
+    job = leased(jobs.enqueue("test.rows", {}), state="running", expired=False)
+    assert rescue.reclaim("me") == []
+    job.refresh_from_db()
+    assert job.state == "running"
+
+
+def test_restart_policy__a_paused_job_only_loses_its_stale_lease():
+    job = leased(jobs.enqueue("test.rows", {}), state="paused")
+    rescue.reclaim("me")
+    job.refresh_from_db()
+    assert (job.state, job.lease_owner) == ("paused", None)
+
+
+def test_restart_policy__a_job_that_keeps_killing_its_worker_is_stopped():
+    job = jobs.enqueue("test.rows", {}, max_attempts=2)
+    Job.objects.filter(pk=job.pk).update(attempts=1)
+    job = leased(job, state="running")
+    rescue.reclaim("me")
+    job.refresh_from_db()
+    assert (job.state, job.error_code) == ("failed", "exhausted")
+    assert "may be what crashes the worker" in job.reason
+
+
+def test_restart_policy__cold_start_fails_queued_fail_jobs_left_by_the_previous_fleet():
+    left_over = jobs.enqueue("test.rows", {}, on_restart="fail")
+    kept = jobs.enqueue("test.rows", {}, on_restart="resume")
+    WorkerProcess.objects.create(
+        worker_id="gone",
+        hostname="h",
+        pid=1,
+        heartbeat_at=timezone.now() + timedelta(seconds=1) - timedelta(minutes=5),
+    )
+    Job.objects.filter(pk__in=[left_over.pk, kept.pk]).update(
+        created_at=timezone.now() - timedelta(minutes=10)
+    )
+    queued_later = jobs.enqueue("test.rows", {}, on_restart="fail")  # after the fleet died
+    report = rescue.recover_at_startup("fresh", queues=["default"], concurrency=1, lease_seconds=30)
+    assert report.cold_start
+    assert report.failed_queued == [left_over.pk]
+    states = dict(Job.objects.values_list("pk", "state"))
+    assert states == {left_over.pk: "failed", kept.pk: "queued", queued_later.pk: "queued"}
+    assert Job.objects.get(pk=left_over.pk).error_code == "server_restarted"
+
+
+def test_restart_policy__a_worker_joining_live_peers_is_not_a_cold_start():
+    WorkerProcess.objects.create(worker_id="peer", hostname="h", pid=1, heartbeat_at=timezone.now())
+    job = jobs.enqueue("test.rows", {}, on_restart="fail")
+    report = rescue.recover_at_startup("fresh", queues=["default"], concurrency=1, lease_seconds=30)
+    assert not report.cold_start
+    job.refresh_from_db()
+    assert job.state == "queued"
+
+
+def test_restart_policy__a_dead_local_worker_is_reclaimed_without_waiting_for_its_lease():
+    WorkerProcess.objects.create(
+        worker_id="crashed", hostname="h", pid=2**22 + 12345, host_key=rescue.host_key()
+    )
+    job = leased(jobs.enqueue("test.rows", {}), state="running", owner="crashed", expired=False)
+    assert rescue.reclaim("me") == [job.pk]
+    assert WorkerProcess.objects.get(worker_id="crashed").stopped_at is not None
+
+
+# --- retention --------------------------------------------------------------------------
+
+
+def test_purge__deletes_old_finished_jobs_and_never_unfinished_ones():
+    old = timezone.now() - timedelta(days=40)
+    finished = []
+    for state in ("completed", "failed", "cancelled"):
+        job = jobs.enqueue("test.rows", {})
+        Job.objects.filter(pk=job.pk).update(state=state, finished_at=old, created_at=old)
+        finished.append(job.pk)
+    unfinished = []
+    for state in ("queued", "running", "paused", "cancelling"):
+        job = jobs.enqueue("test.rows", {})
+        Job.objects.filter(pk=job.pk).update(state=state, created_at=old, updated_at=old)
+        unfinished.append(job.pk)
+    recent = jobs.enqueue("test.rows", {})
+    Job.objects.filter(pk=recent.pk).update(state="completed", finished_at=timezone.now())
+    purge = drain(jobs.enqueue("durable.purge", {"older_than": "30d"}).pk)
+    assert purge.state == "completed"
+    remaining = set(Job.objects.values_list("pk", flat=True))
+    assert not remaining & set(finished)
+    assert set(unfinished) <= remaining
+    assert recent.pk in remaining
+    assert not JobEvent.objects.filter(job_id__in=finished).exists()
+
+
+def test_purge__refuses_a_nonsense_age():
+    with pytest.raises(InputRejected, match="older_than"):
+        jobs.enqueue("durable.purge", {"older_than": "soon"})
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+
+@contextmanager
+def signals_captured(signal):
+    """Collect a signal's keyword arguments; on-commit sends run at once here."""
+    seen: list[dict] = []
+
+    def receiver(sender, **kwargs):
+        seen.append(kwargs)
+
+    signal.connect(receiver)
+    try:
+        with TestCase.captureOnCommitCallbacks(execute=True):
+            yield seen
+    finally:
+        signal.disconnect(receiver)

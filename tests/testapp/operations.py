@@ -1,0 +1,147 @@
+"""Test-only operations whose side effects the tests count.
+
+- ``test.rows``: an atomic unit writes one SideEffect row (exactly-once evidence).
+- ``test.append``: a unit appends ``key`` lines to a file, like an external
+  system with no transactions; with ``idempotent`` it first checks the
+  destination, as a file copy that verifies before writing would.
+- ``test.flaky``: fails its first ``fail_times`` attempts with a chosen error.
+- ``test.needs_credential``: needs the credential named by ``token_ref``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from durable.errors import NonRetryable, RetryLater, Unavailable
+from durable.operations import JobContext, Operation, Unit, register
+
+from .models import SideEffect
+
+
+def counted_units(ctx: JobContext) -> Iterator[Unit]:
+    start = (ctx.checkpoint or {}).get("next", 0)
+    for index in range(start, ctx.input.get("units", 3)):
+        yield Unit(key=f"u{index}", payload={"index": index}, checkpoint={"next": index + 1})
+
+
+@register
+class Rows(Operation):
+    name = "test.rows"
+    atomic_units = True
+    max_attempts = 10
+
+    def total_units(self, ctx: JobContext) -> int:
+        return ctx.input.get("units", 3)
+
+    def units(self, ctx: JobContext) -> Iterator[Unit]:
+        return counted_units(ctx)
+
+    def run_unit(self, ctx: JobContext, unit: Unit) -> dict[str, Any]:
+        time.sleep(ctx.input.get("sleep", 0))
+        SideEffect.objects.create(job_id=ctx.job_id, key=unit.key, worker=ctx.worker_id)
+        return {"index": unit.payload["index"]}
+
+
+@register
+class Append(Operation):
+    name = "test.append"
+    max_attempts = 10
+
+    def total_units(self, ctx: JobContext) -> int:
+        return ctx.input.get("units", 3)
+
+    def units(self, ctx: JobContext) -> Iterator[Unit]:
+        return counted_units(ctx)
+
+    def run_unit(self, ctx: JobContext, unit: Unit) -> dict[str, Any]:
+        """Writes ``begin``/``done`` lines: ``<event> <job> <key> <pid> <time>``."""
+        path = ctx.input["path"]
+        if ctx.input.get("idempotent") and done_keys(path, ctx.job_id) & {unit.key}:
+            return {"appended": False}
+        with open(path, "a") as handle:
+            handle.write(f"begin {ctx.job_id} {unit.key} {os.getpid()} {time.time():.6f}\n")
+            handle.flush()
+            time.sleep(ctx.input.get("sleep", 0))
+            handle.write(f"done {ctx.job_id} {unit.key} {os.getpid()} {time.time():.6f}\n")
+        return {"appended": True}
+
+
+def done_keys(path: str, job_id: int) -> set[str]:
+    if not os.path.exists(path):
+        return set()
+    with open(path) as handle:
+        rows = (line.split() for line in handle)
+        return {row[2] for row in rows if row[:2] == ["done", str(job_id)]}
+
+
+@register
+class Flaky(Operation):
+    name = "test.flaky"
+    max_attempts = 3
+    backoff_base = 0.01
+    backoff_max = 0.05
+
+    def units(self, ctx: JobContext) -> Iterator[Unit]:
+        if not ctx.checkpoint:
+            yield Unit(key="only", checkpoint={"done": True})
+
+    def run_unit(self, ctx: JobContext, unit: Unit) -> None:
+        if ctx.attempt > ctx.input.get("fail_times", 0):
+            return
+        kind = ctx.input.get("error", "retryable")
+        message = ctx.input.get("message", "boom")
+        if kind == "nonretryable":
+            raise NonRetryable(message)
+        if kind == "unavailable":
+            raise Unavailable(message)
+        if kind == "retry_later":
+            raise RetryLater(message, at=timezone.now() + timedelta(seconds=ctx.input["delay"]))
+        raise RuntimeError(message)
+
+
+@register
+class NeedsCredential(Operation):
+    name = "test.needs_credential"
+
+    def units(self, ctx: JobContext) -> Iterator[Unit]:
+        if not ctx.checkpoint:
+            yield Unit(key="only", checkpoint={"done": True})
+
+    def run_unit(self, ctx: JobContext, unit: Unit) -> dict[str, int]:
+        secret = ctx.credential(ctx.input["token_ref"])
+        if ctx.input.get("leak"):
+            raise RuntimeError(f"provider said no to {secret}")
+        return {"length": len(secret)}
+
+
+@register
+class FlakyThenPause(Flaky):
+    name = "test.flaky_pause"
+    on_exhausted = "paused"
+
+
+@register
+class ActMidway(Operation):
+    """At unit ``act_at`` an operator action hits the job while that unit runs."""
+
+    name = "test.act"
+
+    def total_units(self, ctx: JobContext) -> int:
+        return ctx.input.get("units", 4)
+
+    def units(self, ctx: JobContext) -> Iterator[Unit]:
+        return counted_units(ctx)
+
+    def run_unit(self, ctx: JobContext, unit: Unit) -> dict[str, Any]:
+        from durable import jobs
+
+        if unit.payload["index"] == ctx.input.get("act_at", 1):
+            jobs.act(ctx.input["action"], [ctx.job_id], actor="operator")
+        SideEffect.objects.create(job_id=ctx.job_id, key=unit.key, worker=ctx.worker_id)
+        return None

@@ -1,0 +1,133 @@
+import random
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from durable.policy import (
+    MAX_ERROR_HISTORY,
+    MAX_ERROR_MESSAGE_BYTES,
+    append_bounded,
+    backoff_delay,
+    error_entry,
+    parse_duration,
+    redact,
+    truncate_utf8,
+)
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+@given(
+    attempt=st.integers(min_value=1, max_value=10_000),
+    base=st.floats(min_value=0, max_value=100),
+    cap=st.floats(min_value=0, max_value=10_000),
+    seed=st.integers(),
+)
+def test_backoff_delay__always_within_zero_and_the_capped_exponential(attempt, base, cap, seed):
+    delay = backoff_delay(attempt, base=base, cap=cap, rng=random.Random(seed))
+    assert 0 <= delay <= min(cap, base * 2 ** min(attempt - 1, 62))
+
+
+def test_backoff_delay__is_jittered_not_constant():
+    rng = random.Random(7)
+    delays = {round(backoff_delay(5, base=1, cap=60, rng=rng), 6) for _ in range(200)}
+    assert len(delays) > 150
+    # Full jitter spreads over the whole window, not a thin band near the top.
+    assert min(delays) < 16 * 0.2
+    assert max(delays) > 16 * 0.8
+
+
+def test_backoff_delay__grows_until_the_cap():
+    ceilings = [
+        max(backoff_delay(n, base=1, cap=30, rng=random.Random(s)) for s in range(300))
+        for n in (1, 3, 10)
+    ]
+    assert ceilings[0] <= 1
+    assert 2 < ceilings[1] <= 4
+    assert 25 < ceilings[2] <= 30
+
+
+def test_backoff_delay__rejects_attempt_zero():
+    with pytest.raises(ValueError, match="counts from 1"):
+        backoff_delay(0, base=1, cap=1)
+
+
+@pytest.mark.parametrize(
+    ("text", "limit", "fits"),
+    [
+        ("short", 100, True),
+        ("x" * 5000, 2048, False),
+        ("é" * 3000, 2048, False),  # two bytes each: the cut must not split one
+        ("🙂" * 1000, 2048, False),
+    ],
+)
+def test_truncate_utf8__bounded_in_bytes_and_still_valid_text(text, limit, fits):
+    out = truncate_utf8(text, limit)
+    assert len(out.encode()) <= limit
+    assert (out == text) is fits
+    out.encode("utf-8")  # would raise on a split surrogate
+
+
+def test_truncate_utf8__tail_keeps_the_end():
+    assert truncate_utf8("a" * 100 + "END", 50, keep="tail").endswith("END")
+
+
+def test_error_entry__bounded_and_secret_free():
+    secret = "s3cr3t-value-xyz"
+    exc = RuntimeError(f"upstream rejected {secret} " + "x" * 10_000)
+    entry = error_entry(exc, attempt=2, retryable=True, now=NOW, secrets=frozenset({secret}))
+    assert entry["error_class"] == "RuntimeError"
+    assert entry["attempt"] == 2
+    assert entry["retryable"] is True
+    assert len(entry["message"].encode()) <= MAX_ERROR_MESSAGE_BYTES
+    assert secret not in entry["message"]
+    assert secret not in entry["traceback"]
+    assert "[redacted]" in entry["message"]
+
+
+def test_error_entry__names_non_builtin_classes_with_their_module():
+    class ProviderDown(Exception):
+        pass
+
+    entry = error_entry(ProviderDown(), attempt=1, retryable=True, now=NOW)
+    assert entry["error_class"].endswith("ProviderDown")
+    assert "." in entry["error_class"]
+    assert entry["message"]  # an empty message falls back to the class name
+
+
+def test_append_bounded__keeps_the_newest():
+    history = []
+    for n in range(25):
+        history = append_bounded(history, {"n": n})
+    assert len(history) == MAX_ERROR_HISTORY
+    assert history[0]["n"] == 5
+    assert history[-1]["n"] == 24
+
+
+def test_redact__ignores_values_too_short_to_be_secrets():
+    assert redact("a bc abc", {"bc"}) == "a bc abc"
+    assert redact("token=abcdef", {"abcdef"}) == "token=[redacted]"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("30d", timedelta(days=30)),
+        ("12h", timedelta(hours=12)),
+        ("15m", timedelta(minutes=15)),
+        ("90s", timedelta(seconds=90)),
+        ("2w", timedelta(weeks=2)),
+        ("45", timedelta(seconds=45)),  # bare seconds
+        (" 7D ", timedelta(days=7)),
+    ],
+)
+def test_parse_duration__accepted_forms(text, expected):
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "d", "-1d", "1.5d", "30x", "30 days"])
+def test_parse_duration__rejects_garbage_with_a_hint(text):
+    with pytest.raises(ValueError, match=r"e\.g\. 30d"):
+        parse_duration(text)
