@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from . import signals
+from .errors import InputRejected
 from .models import Job, JobEvent
 from .operations import get_operation, max_input_bytes
 from .policy import MAX_ERROR_MESSAGE_BYTES, truncate_utf8
@@ -114,12 +115,17 @@ def enqueue(
     on_restart: str | None = None,
     max_attempts: int | None = None,
     run_after: datetime | None = None,
+    unique_key: str | None = None,
 ) -> Job:
     """Validate and persist a job with its ``enqueued`` event.
 
     Inside the caller's transaction the job commits (or not) with the caller's
     own writes — the job row lives in the same database, so there is no
     enqueue-before-commit race to guard against.
+
+    With ``unique_key``, an unfinished job with the same key is returned
+    instead of creating a second one (``job.created`` tells which happened);
+    the database's partial unique index settles races between processes.
     """
     op = get_operation(operation)
     data = clean_input(input, max_bytes=max_input_bytes())
@@ -129,27 +135,50 @@ def enqueue(
     policy = OnRestart(on_restart or op.on_restart)
     prio = op.priority if priority is None else int(priority)
     if not -100 <= prio <= 100:
-        from .errors import InputRejected
-
         raise InputRejected("priority", "must be between -100 and 100")
     now = timezone.now()
+    if unique_key is not None and not 0 < len(unique_key) <= 255:
+        raise InputRejected("unique_key", "must be 1 to 255 characters")
+    for _ in range(3):
+        try:
+            return _create(
+                op.name,
+                data,
+                now=now,
+                owner=owner,
+                tenant=tenant,
+                queue=queue or op.queue,
+                priority=prio,
+                on_restart=policy,
+                max_attempts=max(1, int(max_attempts or op.max_attempts)),
+                run_after=run_after,
+                unique_key=unique_key,
+            )
+        except IntegrityError:
+            existing = Job.objects.unfinished().filter(unique_key=unique_key).first()
+            if existing is not None:
+                existing.created = False
+                return existing
+            # The other job finished between our insert and this read: try again.
+    raise RuntimeError(f"could not enqueue with unique_key {unique_key!r}")  # pragma: no cover
+
+
+def _create(
+    operation: str, data: dict, *, now: datetime, run_after: datetime | None, **fields: Any
+) -> Job:
     with transaction.atomic():
         job = Job.objects.create(
-            operation=op.name,
-            owner=owner,
-            tenant=tenant,
-            queue=queue or op.queue,
-            priority=prio,
+            operation=operation,
             input=data,
-            on_restart=policy,
-            max_attempts=max(1, int(max_attempts or op.max_attempts)),
             next_attempt_at=run_after or now,
             created_at=now,
             updated_at=now,
+            **fields,
         )
-        add_events(job, [("enqueued", "", {"owner": owner, "queue": job.queue})], now)
+        add_events(job, [("enqueued", "", {"owner": job.owner, "queue": job.queue})], now)
         Job.objects.filter(pk=job.pk).update(event_seq=job.event_seq)
         announce_change(job, "", "enqueued", "", {})
+    job.created = True
     return job
 
 

@@ -55,6 +55,9 @@ class Job(models.Model):
     queue = models.CharField(max_length=64, default="default")
     priority = models.SmallIntegerField(default=0, help_text="Higher runs first (-100…100).")
     input = models.JSONField(default=dict, blank=True, help_text="Sanitized: never a secret.")
+    # At most one unfinished job per unique_key (e.g. "ingest:/var/x.jsonl"):
+    # enqueue returns the existing one instead of adding a second.
+    unique_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
 
     state = models.CharField(max_length=12, choices=JobState.choices, default=JobState.QUEUED)
     on_restart = models.CharField(max_length=8, choices=OnRestart.choices, default=OnRestart.RESUME)
@@ -106,6 +109,11 @@ class Job(models.Model):
             models.Index(fields=["finished_at"], name="durable_job_finished"),
         ]
         constraints = [
+            models.UniqueConstraint(
+                fields=["unique_key"],
+                condition=Q(state__in=["queued", "running", "paused", "cancelling"]),
+                name="durable_job_unique_unfinished",
+            ),
             models.CheckConstraint(
                 condition=Q(state__in=JobState.values), name="durable_job_state_valid"
             ),

@@ -28,21 +28,32 @@ job_reclaimed = Signal()
 # job_id, operation, state, cause, reason, checkpoint, attempt, next_attempt_at
 job_needs_attention = Signal()
 
+# A worker process finished restart recovery and is about to claim: worker_id, cold_start.
+# Sent directly (not on commit), from the worker's main thread.
+worker_started = Signal()
+
+# Sent from every worker's renewal thread about every lease_seconds/3: worker_id.
+# Receivers do small periodic chores (e.g. enqueue an ingest with a unique_key);
+# they must be quick and must not raise.
+worker_heartbeat = Signal()
+
 # A security-relevant refusal (SSRF block, bad token...). category, key,
 # detail, severity, cwe, source, user_id, username, ip
 security_refusal = Signal()
 
 
+def send_now(signal: Signal, **kwargs: Any) -> None:
+    """Send outside any transaction; log receivers that fail, never raise."""
+    for receiver, result in signal.send_robust(sender="durable", **kwargs):
+        if isinstance(result, Exception):
+            log.error(
+                "signal receiver failed",
+                extra={"receiver": getattr(receiver, "__qualname__", repr(receiver))},
+                exc_info=result,
+            )
+
+
 def send_on_commit(signal: Signal, **kwargs: Any) -> None:
     """Send after the current transaction commits (or now, outside one)."""
 
-    def _send() -> None:
-        for receiver, result in signal.send_robust(sender="durable", **kwargs):
-            if isinstance(result, Exception):
-                log.error(
-                    "signal receiver failed",
-                    extra={"receiver": getattr(receiver, "__qualname__", repr(receiver))},
-                    exc_info=result,
-                )
-
-    transaction.on_commit(_send, robust=True)
+    transaction.on_commit(lambda: send_now(signal, **kwargs), robust=True)

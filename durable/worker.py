@@ -25,7 +25,7 @@ from typing import Any
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
-from . import faults, rescue
+from . import faults, rescue, signals
 from . import lease as leases
 from .errors import LeaseLost, NonRetryable, RetryLater, Unavailable
 from .lease import Lease
@@ -103,6 +103,9 @@ class Worker:
                 "reclaimed": len(report.reclaimed),
                 "failed_by_policy": len(report.failed_queued),
             },
+        )
+        signals.send_now(
+            signals.worker_started, worker_id=self.worker_id, cold_start=report.cold_start
         )
         connection.close()
         renewer = threading.Thread(target=self._renew_loop, name="durable-renewer", daemon=True)
@@ -421,6 +424,7 @@ class Worker:
                 try:
                     self._renew_all()
                     rescue.heartbeat(self.worker_id)
+                    signals.send_now(signals.worker_heartbeat, worker_id=self.worker_id)
                     if time.monotonic() >= next_reclaim and not self.stopping.is_set():
                         rescue.reclaim(self.worker_id)
                         next_reclaim = time.monotonic() + reclaim_every * random.uniform(0.8, 1.2)

@@ -276,3 +276,50 @@ def test_cancel_racing_completion__never_ends_both_ways():
             assert cancel.refusal == "a completed job cannot be cancelled"
             assert "cancelled" not in kinds
         results[job.state] += 1
+
+
+def test_unique_key__eight_threads_enqueueing_at_once_create_one_job():
+    barrier = threading.Barrier(8)
+    ids: list[int] = []
+
+    def submit() -> None:
+        barrier.wait()
+        ids.append(jobs.enqueue("test.rows", {}, unique_key="once").pk)
+        connection.close()
+
+    threads = [threading.Thread(target=submit) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(ids) == 8
+    assert len(set(ids)) == 1
+    assert Job.objects.filter(unique_key="once").count() == 1
+
+
+def test_worker__announces_its_start_and_heartbeats():
+    from durable import signals
+    from durable.worker import Worker
+
+    seen: list[tuple[str, dict]] = []
+
+    def started(sender, **kwargs):
+        seen.append(("started", kwargs))
+
+    def beat(sender, **kwargs):
+        seen.append(("beat", kwargs))
+
+    signals.worker_started.connect(started)
+    signals.worker_heartbeat.connect(beat)
+    try:
+        jobs.enqueue("test.rows", {"units": 3, "sleep": 0.2})
+        worker = Worker(worker_id="in-process", burst=True, lease_seconds=0.3, poll_interval=0.05)
+        assert worker.run(install_signal_handlers=False) == 0
+    finally:
+        signals.worker_started.disconnect(started)
+        signals.worker_heartbeat.disconnect(beat)
+    assert seen[0] == (
+        "started",
+        {"signal": signals.worker_started, "worker_id": "in-process", "cold_start": True},
+    )
+    assert any(kind == "beat" and data["worker_id"] == "in-process" for kind, data in seen)

@@ -61,6 +61,19 @@ def test_enqueue__lets_the_operation_validate_its_input():
         jobs.enqueue("durable.noop", {"units": "many"})
 
 
+def test_enqueue__unique_key_returns_the_unfinished_job_instead_of_a_second():
+    first = jobs.enqueue("test.rows", {"units": 1}, unique_key="ingest:/var/x")
+    again = jobs.enqueue("test.rows", {"units": 1}, unique_key="ingest:/var/x")
+    assert first.created
+    assert not again.created
+    assert again.pk == first.pk
+    drain(first.pk)
+    # Once finished, the key is free again.
+    later = jobs.enqueue("test.rows", {"units": 1}, unique_key="ingest:/var/x")
+    assert later.created
+    assert later.pk != first.pk
+
+
 # --- claim -------------------------------------------------------------------------
 
 
