@@ -132,6 +132,9 @@ class Operation:
     # A unit running longer than this stops having its lease renewed, so a hung
     # unit is eventually reclaimed instead of holding the job forever.
     unit_timeout: ClassVar[float | None] = 3600.0
+    # A django.forms.Form whose cleaned_data is the job's input: the dashboard's
+    # "New job" page renders it. None: the page offers a JSON input field.
+    input_form: ClassVar[type | None] = None
 
     # --- called on enqueue ------------------------------------------------------
 

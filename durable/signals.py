@@ -28,6 +28,14 @@ job_reclaimed = Signal()
 # job_id, operation, state, cause, reason, checkpoint, attempt, next_attempt_at
 job_needs_attention = Signal()
 
+# Something an administrator should see in Problems → Recovery, reported by an
+# operation (e.g. "backup-created", "corruption-detected"). Keyword arguments:
+# type (required, non-empty), severity ("info" | "warning" | "error"), detail,
+# db, source (default "worker"), done (True/False), deleted_data (bool),
+# job_id, operation, checkpoint, attempt, object_ids, object_titles.
+# Send with send_on_commit (inside the unit's transaction) or send_now.
+recovery_event = Signal()
+
 # A worker process finished restart recovery and is about to claim: worker_id, cold_start.
 # Sent directly (not on commit), from the worker's main thread.
 worker_started = Signal()
