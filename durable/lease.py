@@ -126,6 +126,28 @@ def _encode(value: Any) -> str:
 # --- claim -----------------------------------------------------------------------
 
 
+def pick_sql(
+    now: datetime, *, queues: list[str], operations: list[str], job_id: int | None = None
+) -> tuple[str, list[Any]]:
+    """The SELECT that picks the next due job; an index range scan on durable_job_due."""
+    d = _dialect()
+    where = ["state = 'queued'", f"next_attempt_at <= {d.now_sql}"]
+    params: list[Any] = d.now(now)
+    if job_id is not None:
+        where.append("id = %s")
+        params.append(job_id)
+    else:
+        where.append(f"queue IN ({_placeholders(queues)})")
+        params.extend(queues)
+    where.append(f"operation IN ({_placeholders(operations)})")
+    params.extend(operations)
+    sql = (
+        f"SELECT id FROM {d.table} WHERE {' AND '.join(where)} "
+        f"ORDER BY priority DESC, next_attempt_at, id LIMIT 1{d.skip_locked}"
+    )
+    return sql, params
+
+
 def claim(
     owner: str,
     *,
@@ -145,20 +167,7 @@ def claim(
     d = _dialect()
     now = timezone.now()
     later_params = d.later(now, lease_seconds)
-    where = ["state = 'queued'", f"next_attempt_at <= {d.now_sql}"]
-    params: list[Any] = d.now(now)
-    if job_id is not None:
-        where.append("id = %s")
-        params.append(job_id)
-    else:
-        where.append(f"queue IN ({_placeholders(queues)})")
-        params.extend(queues)
-    where.append(f"operation IN ({_placeholders(operations)})")
-    params.extend(operations)
-    pick = (
-        f"SELECT id FROM {d.table} WHERE {' AND '.join(where)} "
-        f"ORDER BY priority DESC, next_attempt_at, id LIMIT 1{d.skip_locked}"
-    )
+    pick, params = pick_sql(now, queues=queues, operations=operations, job_id=job_id)
     sql = (
         f"UPDATE {d.table} SET state = 'running', lease_owner = %s, "
         f"lease_expires_at = {d.later_sql}, lease_epoch = lease_epoch + 1, "

@@ -525,3 +525,25 @@ def signals_captured(signal):
             yield seen
     finally:
         signal.disconnect(receiver)
+
+
+def test_logs__one_structured_line_per_state_change(caplog):
+    caplog.set_level("INFO", logger="durable")
+    job = drain(jobs.enqueue("test.rows", {"units": 2}).pk)
+    lines = [
+        r for r in caplog.records if getattr(r, "job", None) == job.pk and r.name == "durable.jobs"
+    ]
+    assert [r.getMessage() for r in lines] == ["enqueued", "started", "completed"]
+    last = lines[-1]
+    assert (last.operation, last.state, last.attempt, last.checkpoint) == (
+        "test.rows",
+        "completed",
+        0,
+        {"next": 2},
+    )
+    from durable.logs import LogfmtFormatter
+
+    text = LogfmtFormatter().format(last)
+    assert f"job={job.pk}" in text
+    assert 'checkpoint="{\\"next\\":2}"' in text
+    assert "state=completed" in text
