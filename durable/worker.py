@@ -22,7 +22,13 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from django.db import close_old_connections, connection, transaction
+from django.db import (
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connection,
+    transaction,
+)
 from django.utils import timezone
 
 from . import faults, rescue, signals
@@ -87,12 +93,9 @@ class Worker:
             self._install_signal_handlers()
         ops = self.operations or sorted(registered())
         self.operations = ops
-        report = rescue.recover_at_startup(
-            self.worker_id,
-            queues=self.queues,
-            concurrency=self.concurrency,
-            lease_seconds=self.lease_seconds,
-        )
+        report = self._recover_at_startup()
+        if report is None:  # stopped before the database ever answered
+            return 0
         log.info(
             "worker started",
             extra={
@@ -139,6 +142,31 @@ class Worker:
             connection.close()
         log.info("worker stopped", extra={"worker": self.worker_id, "jobs_done": self._jobs_done})
         return 0
+
+    def _recover_at_startup(self) -> rescue.StartupReport | None:
+        """Startup recovery, retried with backoff while the database is unreachable.
+
+        A worker started before its database (a reboot, a failover) waits for it
+        instead of crash-looping; a stop signal ends the wait.
+        """
+        delay = 0.5
+        while True:
+            try:
+                return rescue.recover_at_startup(
+                    self.worker_id,
+                    queues=self.queues,
+                    concurrency=self.concurrency,
+                    lease_seconds=self.lease_seconds,
+                )
+            except (OperationalError, InterfaceError) as exc:
+                log.warning(
+                    "database unavailable at startup; retrying",
+                    extra={"worker": self.worker_id, "error": str(exc)[:200], "retry_in": delay},
+                )
+                connection.close()
+                if self.stopping.wait(delay):
+                    return None
+                delay = min(delay * 2, 30.0)
 
     def stop(self) -> None:
         self.stopping.set()

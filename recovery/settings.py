@@ -134,6 +134,10 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
 else:
     _db.setdefault("CONN_MAX_AGE", int(os.environ.get("CONN_MAX_AGE", "60")))
     _db["CONN_HEALTH_CHECKS"] = True
+    # A process stalled inside a transaction (SIGSTOP, a debugger, a hung unit)
+    # would hold its row locks forever; the server ends such a session instead.
+    _idle_ms = int(float(os.environ.get("PG_IDLE_IN_TRANSACTION_TIMEOUT", "300")) * 1000)
+    _db.setdefault("OPTIONS", {})["options"] = f"-c idle_in_transaction_session_timeout={_idle_ms}"
     # Several checkouts of this project may share one PostgreSQL server; each
     # gets its own test database so their test runs never collide.
     _suffix = hashlib.sha256(str(BASE_DIR).encode()).hexdigest()[:8]
