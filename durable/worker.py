@@ -84,6 +84,9 @@ class Worker:
         self._jobs_done = 0
         self._reserved = 0
         self._signals = 0
+        # Set when the grace period ran out with units still running in threads
+        # we cannot interrupt: the caller should end the process with os._exit.
+        self.abandoned_units = False
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -131,6 +134,7 @@ class Worker:
                     "grace period over; leaving these jobs to lease expiry",
                     extra={"worker": self.worker_id, "jobs": busy},
                 )
+                self.abandoned_units = True
                 break
             for thread in threads:
                 thread.join(timeout=0.1)
@@ -336,7 +340,8 @@ class Worker:
             state = leases.settle(execution.lease)
             if state == JobState.RUNNING:  # resumed while we were busy
                 execution.observed_state = state
-                execution.ctx.stop_requested.clear()
+                if not self.stopping.is_set():
+                    execution.ctx.stop_requested.clear()
                 return False
             return True
         if self.stopping.is_set():

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import sys
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -106,5 +109,12 @@ class Command(BaseCommand):
             operations=ops,
         )
         code = worker.run()
+        if worker.abandoned_units:
+            # Threads still inside a unit cannot be interrupted; leave without
+            # waiting for them (their leases expire and the jobs are reclaimed).
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
         if code:
             raise SystemExit(code)
