@@ -66,6 +66,10 @@ SCHEMAS: dict[str, Any] = {
     "JobSubmission": {
         "type": "object",
         "required": ["operation"],
+        "examples": [
+            {"operation": "durable.noop", "input": {"units": 3}},
+            {"operation": "durable.noop", "queue": "default", "priority": 5, "on_restart": "retry"},
+        ],
         "additionalProperties": False,
         "properties": {
             "operation": {
@@ -364,8 +368,8 @@ def build_document(prefix: str = "/api/") -> dict[str, Any]:
                     {
                         "name": "Last-Event-ID",
                         "in": "header",
-                        "description": "Overrides `after` (sent by reconnecting SSE clients).",
-                        "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"},
+                        "description": "Overrides `after` (reconnecting SSE clients send it).",
+                        "schema": {"type": "string", "pattern": "^[0-9]{0,18}$"},
                     },
                 ],
                 "responses": {

@@ -15,6 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.db import transaction
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
@@ -114,7 +115,10 @@ def endpoint(scopes: dict[str, str | None]) -> Callable:
             response["Cache-Control"] = "no-store"
             return response
 
-        return csrf_exempt(wrapper)
+        # Bearer tokens, no cookies: nothing for CSRF to protect. Not atomic even
+        # under ATOMIC_REQUESTS: a 202 means committed, and a stream must not
+        # hold a transaction open for its whole duration.
+        return csrf_exempt(transaction.non_atomic_requests(wrapper))
 
     return decorate
 
@@ -280,12 +284,13 @@ def event_frames(job_id: int, after: int) -> Iterator[str]:
             yield sse_event(dumps({"state": None, "last_event_seq": last_sent}), event="end")
             return
         state, event_seq = row
+        sent = False
         if event_seq > last_sent:
             batch = JobEvent.objects.filter(job_id=job_id, seq__gt=last_sent).order_by("seq")
             for event in batch[:STREAM_BATCH]:
                 yield sse_event(dumps(event_json(event)), event_id=event.seq)
                 last_sent = event.seq
-            last_write = time.monotonic()
+                sent = True
         elif state in FINISHED_STATES:
             yield sse_event(dumps({"state": state, "last_event_seq": last_sent}), event="end")
             return
@@ -293,8 +298,9 @@ def event_frames(job_id: int, after: int) -> Iterator[str]:
         if now >= deadline:
             yield sse_comment("time limit reached; reconnect with Last-Event-ID")
             return
-        if event_seq > last_sent:
-            continue  # more than one batch waiting: no sleep
+        if sent:
+            last_write = now
+            continue  # look again at once: another batch, or the end, may be there
         if now - last_write >= keepalive:
             yield sse_comment("keep-alive")
             last_write = now
