@@ -45,4 +45,9 @@ def reach(name: str) -> None:
         _counts[name] = _counts.get(name, 0) + 1
         hit = _counts[name] == nth
     if hit:
-        os.kill(os.getpid(), signal.SIGSTOP if action == "stop" else signal.SIGKILL)
+        # To this thread, not the process: a process-directed signal is taken by
+        # the main thread, and until it is scheduled this (unit) thread runs on —
+        # on a busy machine far enough to commit the checkpoint it must not reach.
+        signal.pthread_kill(
+            threading.get_ident(), signal.SIGSTOP if action == "stop" else signal.SIGKILL
+        )

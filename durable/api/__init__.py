@@ -7,6 +7,6 @@ dashboard and the worker could not.
 
 Layout: ``parse`` holds the pure decisions (headers, bodies, query strings,
 cursors, SSE framing), ``tokens`` the token format, ``models`` the clients and
-idempotency keys, ``auth`` and ``submission`` the I/O around them, ``views``
-the HTTP surface and ``openapi`` its description.
+idempotency keys, ``auth`` and ``submission`` the I/O around them, ``render``
+the JSON shapes, ``views`` the HTTP surface and ``openapi`` its description.
 """

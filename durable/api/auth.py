@@ -44,7 +44,9 @@ def _remote_addr(request: HttpRequest) -> str:
     return request.META.get("REMOTE_ADDR", "") or ""
 
 
-def refuse(request: HttpRequest, problem: str, *, client: Client | None = None, scope: str = ""):
+def refuse(
+    request: HttpRequest, problem: str, *, client: Client | None = None, scope: str = ""
+) -> Refusal:
     """Announce the refusal and return the Refusal to raise."""
     status, error, detail, cwe = PROBLEMS[problem]
     signals.send_now(

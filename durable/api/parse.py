@@ -331,14 +331,6 @@ def parse_events_query(
     return EventsQuery(after, _limit(params, EVENTS_DEFAULT_LIMIT, EVENTS_MAX_LIMIT))
 
 
-def parse_job_id(text: str) -> int | None:
-    """A path's job id, or None when no job can have it (too large for the column)."""
-    if not text.isascii() or not text.isdigit() or len(text) > 19:
-        return None
-    value = int(text)
-    return value if 0 < value <= MAX_ID else None
-
-
 # --- server-sent events -------------------------------------------------------------
 
 

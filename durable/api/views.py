@@ -25,6 +25,7 @@ from ..models import Job, JobEvent
 from ..states import FINISHED_STATES, Action
 from .auth import authenticate
 from .errors import FieldError, Refusal, invalid
+from .models import Client
 from .openapi import build_document
 from .parse import (
     MAX_ID,
@@ -68,7 +69,9 @@ def _setting(name: str, default: float) -> float:
 # --- responses ------------------------------------------------------------------------
 
 
-def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None):
+def json_response(
+    data: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> HttpResponse:
     return HttpResponse(dumps(data), status=status, content_type=JSON, headers=headers)
 
 
@@ -170,13 +173,13 @@ def read_json_body(request: HttpRequest) -> dict[str, Any]:
 
 
 @endpoint({"GET": "jobs:read", "POST": "jobs:write"})
-def jobs_view(request: HttpRequest, client) -> HttpResponse:
+def jobs_view(request: HttpRequest, client: Client | None) -> HttpResponse:
     if request.method == "POST":
         return submit_job(request, client)
     return list_jobs(request)
 
 
-def submit_job(request: HttpRequest, client) -> HttpResponse:
+def submit_job(request: HttpRequest, client: Client | None) -> HttpResponse:
     key = parse_idempotency_key(request.headers.get("Idempotency-Key"))
     data = read_json_body(request)
     submission = parse_submission(data)
@@ -214,12 +217,12 @@ def list_jobs(request: HttpRequest) -> HttpResponse:
 
 
 @endpoint({"GET": "jobs:read"})
-def job_view(request: HttpRequest, client, job_id: int) -> HttpResponse:
+def job_view(request: HttpRequest, client: Client | None, job_id: int) -> HttpResponse:
     return json_response(job_json(_job_or_404(job_id)))
 
 
 @endpoint({"GET": "jobs:read"})
-def job_events_view(request: HttpRequest, client, job_id: int) -> HttpResponse:
+def job_events_view(request: HttpRequest, client: Client | None, job_id: int) -> HttpResponse:
     # The job is read before its events: state and event commit together, so a
     # job seen finished here has all its events visible to the next query, and
     # "finished" never makes a client stop before the last event.
@@ -308,7 +311,7 @@ def event_frames(job_id: int, after: int) -> Iterator[str]:
 
 
 @endpoint({"POST": "jobs:write"})
-def job_action_view(request: HttpRequest, client, job_id: int, action: str) -> HttpResponse:
+def job_action_view(request: HttpRequest, client: Client, job_id: int, action: str) -> HttpResponse:
     if action not in ACTIONS:
         raise Refusal(404, "not_found", f"no action {action!r}; use {', '.join(ACTIONS)}")
     if not 0 < job_id <= MAX_ID:
@@ -326,7 +329,7 @@ def job_action_view(request: HttpRequest, client, job_id: int, action: str) -> H
 
 
 @endpoint({"GET": None})
-def openapi_view(request: HttpRequest, client) -> HttpResponse:
+def openapi_view(request: HttpRequest, client: Client | None) -> HttpResponse:
     prefix = reverse("durable-api:openapi").removesuffix("openapi.json")
     return json_response(build_document(prefix))
 

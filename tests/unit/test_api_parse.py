@@ -285,14 +285,6 @@ def test_parse_events_query__refuses(params, last_event_id, bad):
     assert fields(info) == [bad]
 
 
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [("1", 1), ("9223372036854775807", 2**63 - 1), ("0", None), ("9223372036854775808", None)],
-)
-def test_parse_job_id(text, expected):
-    assert parse.parse_job_id(text) == expected
-
-
 # --- SSE framing and tokens -----------------------------------------------------------
 
 
