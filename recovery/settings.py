@@ -132,7 +132,8 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     # Worker subprocesses in tests must see the test database, so it is a file.
     _db["TEST"] = {"NAME": str(VAR_DIR / "test-db.sqlite3")}
 else:
-    _db.setdefault("CONN_MAX_AGE", int(os.environ.get("CONN_MAX_AGE", "60")))
+    # Assigned, not setdefault: dj_database_url.parse() already put CONN_MAX_AGE=0 there.
+    _db["CONN_MAX_AGE"] = int(os.environ.get("CONN_MAX_AGE", "60"))
     _db["CONN_HEALTH_CHECKS"] = True
     # Several checkouts of this project may share one PostgreSQL server; each
     # gets its own test database so their test runs never collide.
