@@ -45,6 +45,7 @@ soak: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py
+	$(BIN)/python bench/api.py
 
 clean:
 	rm -rf $(VENV) var/staticfiles var/test-db.sqlite3*

@@ -214,3 +214,6 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return self.worker_id
+
+
+from .api.models import Client, IdempotencyKey  # noqa: E402,F401 - registers the models

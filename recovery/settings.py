@@ -132,7 +132,8 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     # Worker subprocesses in tests must see the test database, so it is a file.
     _db["TEST"] = {"NAME": str(VAR_DIR / "test-db.sqlite3")}
 else:
-    _db.setdefault("CONN_MAX_AGE", int(os.environ.get("CONN_MAX_AGE", "60")))
+    # Assigned, not setdefault: dj_database_url.parse() already put CONN_MAX_AGE=0 there.
+    _db["CONN_MAX_AGE"] = int(os.environ.get("CONN_MAX_AGE", "60"))
     _db["CONN_HEALTH_CHECKS"] = True
     # A process stalled inside a transaction (SIGSTOP, a debugger, a hung unit)
     # would hold its row locks forever; the server ends such a session instead.
@@ -188,6 +189,20 @@ DURABLE_LEASE_SECONDS = float(os.environ.get("DURABLE_LEASE_SECONDS", "30"))
 DURABLE_POLL_INTERVAL = float(os.environ.get("DURABLE_POLL_INTERVAL", "1"))
 DURABLE_GRACE_SECONDS = float(os.environ.get("DURABLE_GRACE_SECONDS", "25"))
 DURABLE_MAX_INPUT_BYTES = int(os.environ.get("DURABLE_MAX_INPUT_BYTES", str(64 * 1024)))
+
+# --- The job API (durable.api, mounted at /api/) ------------------------------
+
+# Largest POST body accepted; larger ones get 413 before they are read.
+DURABLE_API_MAX_BODY_BYTES = int(os.environ.get("DURABLE_API_MAX_BODY_BYTES", str(256 * 1024)))
+# One SSE stream holds a gunicorn sync worker this long at most (keep it below
+# gunicorn's --timeout, 30 s by default); the client then reconnects.
+DURABLE_API_STREAM_SECONDS = float(os.environ.get("DURABLE_API_STREAM_SECONDS", "25"))
+DURABLE_API_STREAM_POLL_SECONDS = float(os.environ.get("DURABLE_API_STREAM_POLL_SECONDS", "1"))
+DURABLE_API_STREAM_KEEPALIVE_SECONDS = float(
+    os.environ.get("DURABLE_API_STREAM_KEEPALIVE_SECONDS", "10")
+)
+# Comma-separated operation names clients may submit; empty: every registered one.
+DURABLE_API_OPERATIONS = env_list("DURABLE_API_OPERATIONS", "") or None
 
 # --- Logging ------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from typing import Any
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from ..api.models import IdempotencyKey
 from ..errors import InputRejected
 from ..models import Job, WorkerProcess
 from ..operations import JobContext, Operation, Unit, register
@@ -19,13 +20,16 @@ PURGE_BATCH = 200
 
 @register
 class PurgeJobs(Operation):
-    """Delete finished jobs (with their events and unit results) older than a cut-off.
+    """Delete finished jobs (with their events and unit results) older than a cut-off,
+    then the API's idempotency keys older than it, then stopped workers' records.
 
-    Unit = one batch of job ids in id order; the checkpoint is the cut-off and
-    the last id examined. Units only delete rows of this database, so they run
-    atomically with the checkpoint: a crash never deletes a batch twice or
-    skips one. Unfinished jobs are never selected, and the state is checked
-    again in the deleting statement itself.
+    Unit = one batch of job (or key) ids in id order; the checkpoint is the
+    cut-off and the last id examined. Units only delete rows of this database,
+    so they run atomically with the checkpoint: a crash never deletes a batch
+    twice or skips one. Unfinished jobs are never selected, and the state is
+    checked again in the deleting statement itself. An idempotency key whose
+    job is unfinished is kept: a client retrying that submission must get the
+    same job back, not a second one.
     """
 
     name = "durable.purge"
@@ -48,12 +52,16 @@ class PurgeJobs(Operation):
         return timezone.now() - parse_duration(ctx.input["older_than"])
 
     def total_units(self, ctx: JobContext) -> int | None:
-        count = Job.objects.purgeable(self._cutoff(ctx)).count()
-        return -(-count // PURGE_BATCH) + 1  # batches, then the worker-registry unit
+        cutoff = self._cutoff(ctx)
+        jobs = Job.objects.purgeable(cutoff).count()
+        keys = IdempotencyKey.objects.purgeable(cutoff).count()
+        # job batches, key batches, then the worker-registry unit
+        return -(-jobs // PURGE_BATCH) + -(-keys // PURGE_BATCH) + 1
 
     def units(self, ctx: JobContext) -> Iterator[Unit]:
         cutoff = self._cutoff(ctx)
         after = (ctx.checkpoint or {}).get("after_id", 0)
+        keys_after = (ctx.checkpoint or {}).get("keys_after_id", 0)
         while True:
             ids = list(
                 Job.objects.purgeable(cutoff)
@@ -69,10 +77,34 @@ class PurgeJobs(Operation):
                 payload={"ids": ids, "cutoff": cutoff.isoformat()},
                 checkpoint={"cutoff": cutoff.isoformat(), "after_id": after},
             )
+        while True:
+            ids = list(
+                IdempotencyKey.objects.purgeable(cutoff)
+                .filter(pk__gt=keys_after)
+                .order_by("pk")
+                .values_list("pk", flat=True)[:PURGE_BATCH]
+            )
+            if not ids:
+                break
+            keys_after = ids[-1]
+            yield Unit(
+                key=f"idempotency-keys:{ids[0]}-{ids[-1]}",
+                payload={"key_ids": ids, "cutoff": cutoff.isoformat()},
+                checkpoint={
+                    "cutoff": cutoff.isoformat(),
+                    "after_id": after,
+                    "keys_after_id": keys_after,
+                },
+            )
         yield Unit(
             key="workers",
             payload={"cutoff": cutoff.isoformat()},
-            checkpoint={"cutoff": cutoff.isoformat(), "after_id": after, "workers": True},
+            checkpoint={
+                "cutoff": cutoff.isoformat(),
+                "after_id": after,
+                "keys_after_id": keys_after,
+                "workers": True,
+            },
         )
 
     def run_unit(self, ctx: JobContext, unit: Unit) -> dict[str, int]:
@@ -80,10 +112,16 @@ class PurgeJobs(Operation):
         if unit.key == "workers":
             deleted, _ = WorkerProcess.objects.filter(stopped_at__lt=cutoff).delete()
             return {"workers": deleted}
+        if "key_ids" in unit.payload:
+            keys = IdempotencyKey.objects.purgeable(cutoff).filter(pk__in=unit.payload["key_ids"])
+            deleted, _ = keys.delete()
+            return {"idempotency_keys": deleted}
         # purgeable() re-checks "finished and old" inside the DELETE's own query.
         jobs = Job.objects.purgeable(cutoff).filter(pk__in=unit.payload["ids"])
         _, per_model = jobs.delete()
         return {
             "jobs": per_model.get("durable.Job", 0),
             "events": per_model.get("durable.JobEvent", 0),
+            # Keys of these jobs go with them (ON DELETE CASCADE).
+            "idempotency_keys": per_model.get("durable.IdempotencyKey", 0),
         }

@@ -145,3 +145,21 @@ class ActMidway(Operation):
             jobs.act(ctx.input["action"], [ctx.job_id], actor="operator")
         SideEffect.objects.create(job_id=ctx.job_id, key=unit.key, worker=ctx.worker_id)
         return None
+
+
+@register
+class Ticks(Operation):
+    """Each unit sleeps ``sleep`` seconds and logs a ``tick`` event: a job whose event
+    log grows while a client follows it (the API's event-stream tests)."""
+
+    name = "test.ticks"
+
+    def total_units(self, ctx: JobContext) -> int:
+        return ctx.input.get("units", 3)
+
+    def units(self, ctx: JobContext) -> Iterator[Unit]:
+        return counted_units(ctx)
+
+    def run_unit(self, ctx: JobContext, unit: Unit) -> None:
+        time.sleep(ctx.input.get("sleep", 0))
+        ctx.event("tick", f"unit {unit.payload['index']}", index=unit.payload["index"])

@@ -14,7 +14,8 @@ from durable.worker import Worker
 class Command(BaseCommand):
     help = (
         "Delete finished (completed, failed, cancelled) jobs, their events and unit "
-        "results, finished longer ago than --older-than. Unfinished jobs are never touched."
+        "results, finished longer ago than --older-than, and API idempotency keys older "
+        "than that. Unfinished jobs (and their keys) are never touched."
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -32,7 +33,11 @@ class Command(BaseCommand):
             self.stdout.write(f"enqueued job {job.pk}")
             return
         job = Worker(burst=True).run_job(job.pk)
-        deleted = sum((r.result or {}).get("jobs", 0) for r in job.unit_results.all() if r.result)
+        results = [r.result for r in job.unit_results.all() if r.result]
+        deleted = sum(r.get("jobs", 0) for r in results)
+        keys = sum(r.get("idempotency_keys", 0) for r in results)
         if job.state != "completed":
             raise CommandError(f"purge job {job.pk} ended {job.state}: {job.reason}")
-        self.stdout.write(f"purged {deleted} finished job(s) (job {job.pk})")
+        self.stdout.write(
+            f"purged {deleted} finished job(s) and {keys} idempotency key(s) (job {job.pk})"
+        )

@@ -1,0 +1,420 @@
+"""The OpenAPI 3.1 description of this API, built in one place.
+
+``tests/integration/test_api*.py`` validate every response they receive
+against this document, and a schemathesis run fuzzes a live server with it,
+so a change to a view that is not made here too fails the suite.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..states import JobState, OnRestart
+from .parse import (
+    EVENTS_DEFAULT_LIMIT,
+    EVENTS_MAX_LIMIT,
+    LIST_DEFAULT_LIMIT,
+    LIST_MAX_LIMIT,
+    MAX_ID,
+    MAX_IDEMPOTENCY_KEY,
+    MAX_OPERATION_NAME,
+)
+
+ACTIONS = ("cancel", "pause", "resume", "retry")
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _nullable(type_: str, **extra: Any) -> dict[str, Any]:
+    return {"type": [type_, "null"], **extra}
+
+
+TIMESTAMP = {"type": "string", "format": "date-time"}
+NULLABLE_TIMESTAMP = _nullable("string", format="date-time")
+
+JOB_FIELDS = [
+    "id", "url", "events_url", "operation", "state", "finished", "owner", "tenant",
+    "queue", "priority", "on_restart", "input", "checkpoint", "progress", "attempts",
+    "max_attempts", "next_attempt_at", "last_error", "reason", "error_code",
+    "last_event_seq", "created_at", "updated_at", "started_at", "finished_at",
+]  # fmt: skip
+
+SCHEMAS: dict[str, Any] = {
+    "Problem": {
+        "type": "object",
+        "description": "RFC 9457 problem details; `code` is stable, `detail` is for people.",
+        "required": ["type", "title", "status", "code", "detail"],
+        "properties": {
+            "type": {"type": "string"},
+            "title": {"type": "string"},
+            "status": {"type": "integer"},
+            "code": {"type": "string"},
+            "detail": {"type": "string"},
+            "state": {"type": "string", "description": "409 only: the job's current state."},
+            "errors": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["field", "message"],
+                    "properties": {"field": {"type": "string"}, "message": {"type": "string"}},
+                },
+            },
+        },
+    },
+    "JobSubmission": {
+        "type": "object",
+        "required": ["operation"],
+        "examples": [
+            {"operation": "durable.noop", "input": {"units": 3}},
+            {"operation": "durable.noop", "queue": "default", "priority": 5, "on_restart": "retry"},
+        ],
+        "additionalProperties": False,
+        "properties": {
+            "operation": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_OPERATION_NAME,
+                "description": "A registered operation, e.g. `durable.noop`.",
+            },
+            "input": {
+                "type": "object",
+                "description": "The operation's input: JSON, no secrets (pass `*_ref` names).",
+            },
+            "queue": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"},
+            "priority": {"type": "integer", "minimum": -100, "maximum": 100},
+            "on_restart": {"type": "string", "enum": list(OnRestart.values)},
+        },
+    },
+    "Job": {
+        "type": "object",
+        "required": JOB_FIELDS,
+        "properties": {
+            "id": {"type": "integer", "minimum": 1},
+            "url": {"type": "string"},
+            "events_url": {"type": "string"},
+            "operation": {"type": "string"},
+            "state": {"type": "string", "enum": list(JobState.values)},
+            "finished": {"type": "boolean"},
+            "owner": {"type": "string", "description": "`api:<client name>` for API jobs."},
+            "tenant": {"type": "string"},
+            "queue": {"type": "string"},
+            "priority": {"type": "integer"},
+            "on_restart": {"type": "string", "enum": list(OnRestart.values)},
+            "input": {"type": "object"},
+            "checkpoint": {"description": "Operation-defined JSON, or null before the first unit."},
+            "progress": {
+                "type": "object",
+                "required": ["units_done", "units_total", "fraction"],
+                "properties": {
+                    "units_done": {"type": "integer", "minimum": 0},
+                    "units_total": _nullable("integer", minimum=0),
+                    "fraction": _nullable("number", minimum=0, maximum=1),
+                },
+            },
+            "attempts": {"type": "integer", "minimum": 0, "description": "Failed attempts."},
+            "max_attempts": {"type": "integer", "minimum": 1},
+            "next_attempt_at": TIMESTAMP,
+            "last_error": {
+                "oneOf": [
+                    {"type": "null"},
+                    {
+                        "type": "object",
+                        "required": ["at", "attempt", "error_class", "message", "retryable"],
+                        "properties": {
+                            "at": {"type": "string"},
+                            "attempt": {"type": "integer"},
+                            "error_class": {"type": "string"},
+                            "message": {"type": "string"},
+                            "retryable": {"type": "boolean"},
+                        },
+                    },
+                ]
+            },
+            "reason": {"type": "string", "description": "Why it is paused or failed."},
+            "error_code": {"type": "string"},
+            "last_event_seq": {"type": "integer", "minimum": 0},
+            "created_at": TIMESTAMP,
+            "updated_at": TIMESTAMP,
+            "started_at": NULLABLE_TIMESTAMP,
+            "finished_at": NULLABLE_TIMESTAMP,
+        },
+    },
+    "JobEvent": {
+        "type": "object",
+        "required": ["seq", "kind", "message", "data", "created_at"],
+        "properties": {
+            "seq": {"type": "integer", "minimum": 1, "description": "1, 2, 3… with no gaps."},
+            "kind": {"type": "string"},
+            "message": {"type": "string"},
+            "data": {"type": "object"},
+            "created_at": TIMESTAMP,
+        },
+    },
+    "StreamEvent": {
+        "type": "object",
+        "description": "One server-sent event. Default type (`message`): `id` is the job "
+        "event's seq and `data` a JobEvent as JSON. Type `end`, sent once when the job is "
+        'finished: `data` is `{"state": ..., "last_event_seq": ...}`.',
+        "required": ["data"],
+        "properties": {
+            "event": {"type": "string", "enum": ["message", "end"]},
+            "id": {"type": "string", "pattern": "^[0-9]+$"},
+            "data": {"type": "string", "contentMediaType": "application/json"},
+            "retry": {"type": "integer"},
+        },
+    },
+    "JobPage": {
+        "type": "object",
+        "required": ["jobs", "next_cursor", "next"],
+        "properties": {
+            "jobs": {"type": "array", "items": _ref("Job")},
+            "next_cursor": _nullable("string", description="Pass as `cursor`; null: last page."),
+            "next": _nullable("string", description="The next page's URL."),
+        },
+    },
+    "EventPage": {
+        "type": "object",
+        "required": ["job_id", "state", "finished", "events", "next_after", "has_more"],
+        "properties": {
+            "job_id": {"type": "integer"},
+            "state": {"type": "string", "enum": list(JobState.values)},
+            "finished": {"type": "boolean"},
+            "events": {"type": "array", "items": _ref("JobEvent")},
+            "next_after": {"type": "integer", "minimum": 0, "description": "Pass as `after`."},
+            "has_more": {"type": "boolean"},
+        },
+    },
+    "ActionResult": {
+        "type": "object",
+        "required": ["action", "applied", "job"],
+        "properties": {
+            "action": {"type": "string", "enum": list(ACTIONS)},
+            "applied": {
+                "type": "boolean",
+                "description": "false: the job already was in the requested condition.",
+            },
+            "job": _ref("Job"),
+        },
+    },
+}
+
+
+def _problem(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/problem+json": {"schema": _ref("Problem")}},
+    }
+
+
+def _json(description: str, schema: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": _ref(schema)}}}
+
+
+AUTH_PROBLEMS = {
+    "401": {
+        **_problem("Missing, malformed, unknown or revoked token."),
+        "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
+    },
+    "403": {
+        **_problem("The token lacks the scope this needs."),
+        "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
+    },
+}
+JOB_ID = {
+    "name": "job_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "integer", "minimum": 1, "maximum": MAX_ID},
+}
+
+
+def _limit(default: int, maximum: int) -> dict[str, Any]:
+    return {
+        "name": "limit",
+        "in": "query",
+        "schema": {"type": "integer", "minimum": 1, "maximum": maximum, "default": default},
+    }
+
+
+def _action(name: str) -> dict[str, Any]:
+    return {
+        "post": {
+            "operationId": f"{name}Job",
+            "summary": f"{name.capitalize()} a job (the dashboard's atomic transition).",
+            "description": "No request body. 200 when applied or already so; 409 when the "
+            "job's state does not allow it.",
+            "parameters": [JOB_ID],
+            "security": [{"bearer": ["jobs:write"]}],
+            "responses": {
+                "200": _json("Applied, or the job already was so.", "ActionResult"),
+                **AUTH_PROBLEMS,
+                "404": _problem("No such job."),
+                "409": _problem("The job's state does not allow this action."),
+            },
+        }
+    }
+
+
+def build_document(prefix: str = "/api/") -> dict[str, Any]:
+    """The document, with paths under ``prefix`` (where the URLconf mounted the API)."""
+    base = prefix.rstrip("/")
+    paths: dict[str, Any] = {
+        f"{base}/jobs": {
+            "get": {
+                "operationId": "listJobs",
+                "summary": "Jobs, newest first, keyset-paginated.",
+                "security": [{"bearer": ["jobs:read"]}],
+                "parameters": [
+                    {
+                        "name": "state",
+                        "in": "query",
+                        "description": "One state or several, comma-separated.",
+                        "schema": {"type": "string", "enum": list(JobState.values)},
+                    },
+                    {
+                        "name": "operation",
+                        "in": "query",
+                        "schema": {"type": "string", "minLength": 1, "maxLength": 100},
+                    },
+                    {
+                        "name": "cursor",
+                        "in": "query",
+                        "description": "`next_cursor` of the previous page (opaque).",
+                        "schema": {"type": "string"},
+                    },
+                    _limit(LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT),
+                ],
+                "responses": {
+                    "200": _json("A page of jobs.", "JobPage"),
+                    "400": _problem("A bad parameter; `errors` says which."),
+                    **AUTH_PROBLEMS,
+                },
+            },
+            "post": {
+                "operationId": "submitJob",
+                "summary": "Submit a job; it is committed before the 202 is sent.",
+                "security": [{"bearer": ["jobs:write"]}],
+                "parameters": [
+                    {
+                        "name": "Idempotency-Key",
+                        "in": "header",
+                        "description": "Repeating the request with the same key and body "
+                        "returns the first response (same job), also after a restart. "
+                        "Scoped to the client; kept for the retention period.",
+                        "schema": {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": MAX_IDEMPOTENCY_KEY,
+                            "pattern": "^[!-~]+$",
+                        },
+                    }
+                ],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("JobSubmission")}},
+                },
+                "responses": {
+                    "202": {
+                        **_json("Accepted: the job is stored.", "Job"),
+                        "headers": {
+                            "Location": {"schema": {"type": "string"}, "required": True},
+                            "Idempotent-Replayed": {
+                                "description": "With Idempotency-Key: true for a replay.",
+                                "schema": {"type": "string", "enum": ["true", "false"]},
+                            },
+                        },
+                    },
+                    "400": _problem("Malformed JSON, invalid fields or unknown operation."),
+                    **AUTH_PROBLEMS,
+                    "413": _problem("The body is larger than DURABLE_API_MAX_BODY_BYTES."),
+                    "415": _problem("The body is not application/json."),
+                    "422": _problem("The Idempotency-Key was used with a different body."),
+                },
+            },
+        },
+        f"{base}/jobs/{{job_id}}": {
+            "get": {
+                "operationId": "getJob",
+                "summary": "A job: state, checkpoint, progress, attempts, last error, times.",
+                "security": [{"bearer": ["jobs:read"]}],
+                "parameters": [JOB_ID],
+                "responses": {
+                    "200": _json("The job.", "Job"),
+                    **AUTH_PROBLEMS,
+                    "404": _problem("No such job."),
+                },
+            }
+        },
+        f"{base}/jobs/{{job_id}}/events": {
+            "get": {
+                "operationId": "jobEvents",
+                "summary": "The job's events after a sequence number, as JSON or SSE.",
+                "description": "With `Accept: text/event-stream`: server-sent events, one per "
+                "job event with `id: <seq>`, resuming after `Last-Event-ID`; an `end` event "
+                "when the job is finished. A stream lasts at most DURABLE_API_STREAM_SECONDS; "
+                "reconnect with Last-Event-ID (EventSource does). 204 when the job is "
+                "finished and nothing follows the given position.",
+                "security": [{"bearer": ["jobs:read"]}],
+                "parameters": [
+                    JOB_ID,
+                    {
+                        "name": "after",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 0, "maximum": MAX_ID},
+                    },
+                    _limit(EVENTS_DEFAULT_LIMIT, EVENTS_MAX_LIMIT),
+                    {
+                        "name": "Last-Event-ID",
+                        "in": "header",
+                        "description": "Overrides `after` (reconnecting SSE clients send it).",
+                        "schema": {"type": "string", "pattern": "^[0-9]{0,18}$"},
+                    },
+                ],
+                "responses": {
+                    "200": {
+                        "description": "A page of events, or an event stream.",
+                        "content": {
+                            "application/json": {"schema": _ref("EventPage")},
+                            "text/event-stream": {"schema": _ref("StreamEvent")},
+                        },
+                    },
+                    "204": {"description": "Event stream: the job is finished, nothing follows."},
+                    "400": _problem("A bad parameter; `errors` says which."),
+                    **AUTH_PROBLEMS,
+                    "404": _problem("No such job."),
+                },
+            }
+        },
+        f"{base}/openapi.json": {
+            "get": {
+                "operationId": "openapi",
+                "summary": "This document.",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "OpenAPI 3.1",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    }
+                },
+            }
+        },
+    }
+    for action in ACTIONS:
+        paths[f"{base}/jobs/{{job_id}}/{action}"] = _action(action)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Durable jobs API",
+            "version": "1.0.0",
+            "description": "Submit durable jobs and follow them. Authenticate with "
+            "`Authorization: Bearer <token>` (`python manage.py create_api_client`).",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": SCHEMAS,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+    }

@@ -1,0 +1,377 @@
+"""Pure decisions about requests: headers, bodies, query strings, cursors and SSE frames.
+
+No ORM, no settings, no clock: everything a function needs is passed in, so
+``tests/unit/test_api_parse.py`` pins each rule down with a table.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..states import JobState, OnRestart
+from .errors import FieldError, Refusal, invalid
+
+MAX_IDEMPOTENCY_KEY = 255
+MAX_OPERATION_NAME = 100
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+# RFC 6750 b64token; anything else after "Bearer " is malformed.
+B64TOKEN = re.compile(r"^[A-Za-z0-9\-._~+/]+=*$")
+VISIBLE_ASCII = re.compile(r"^[\x21-\x7e]+$")
+UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+MAX_ID = 2**63 - 1  # BIGINT: a larger id cannot exist and must not reach the database
+SUBMISSION_FIELDS = ("operation", "input", "queue", "priority", "on_restart")
+
+LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT = 50, 200
+EVENTS_DEFAULT_LIMIT, EVENTS_MAX_LIMIT = 100, 1000
+
+
+# --- headers ------------------------------------------------------------------------
+
+
+def _media_types(header: str) -> list[tuple[str, dict[str, str]]]:
+    result = []
+    for part in header.split(","):
+        pieces = [p.strip() for p in part.split(";")]
+        if not pieces[0]:
+            continue
+        params = {}
+        for param in pieces[1:]:
+            name, _, value = param.partition("=")
+            params[name.strip().lower()] = value.strip().strip('"')
+        result.append((pieces[0].lower(), params))
+    return result
+
+
+def is_json_content_type(header: str | None) -> bool:
+    """``application/json``, optionally ``; charset=utf-8`` (any other charset is refused)."""
+    types = _media_types(header or "")
+    if len(types) != 1:
+        return False
+    media, params = types[0]
+    return media == "application/json" and params.get("charset", "utf-8").lower() in {
+        "utf-8",
+        "utf8",
+    }
+
+
+def wants_event_stream(accept: str | None) -> bool:
+    """True when the client lists ``text/event-stream`` (with a non-zero q) in Accept."""
+    for media, params in _media_types(accept or ""):
+        if media == "text/event-stream":
+            try:
+                return float(params.get("q", "1")) > 0
+            except ValueError:
+                return True
+    return False
+
+
+def parse_bearer(header: str | None) -> tuple[str | None, str | None]:
+    """``(token, None)``, or ``(None, problem)``: "missing-token" or "malformed-header"."""
+    if header is None or not header.strip():
+        return None, "missing-token"
+    scheme, _, token = header.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token or not B64TOKEN.match(token):
+        return None, "malformed-header"
+    return token, None
+
+
+def parse_idempotency_key(value: str | None) -> str | None:
+    """The key from an ``Idempotency-Key`` header (None when absent).
+
+    The IETF draft makes the header a structured-field string (``"abc"``); plain
+    ``abc`` is what most clients send. Both mean the key ``abc``.
+    """
+    if value is None:
+        return None
+    key = value.strip()
+    if len(key) >= 2 and key[0] == key[-1] == '"':
+        key = key[1:-1]
+    if not key or len(key) > MAX_IDEMPOTENCY_KEY or not VISIBLE_ASCII.match(key):
+        raise invalid(
+            [
+                FieldError(
+                    "header.Idempotency-Key",
+                    f"must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters",
+                )
+            ],
+            "the Idempotency-Key header is not usable",
+        )
+    return key
+
+
+def parse_last_event_id(value: str | None) -> int | None:
+    if value is None or value.strip() == "":
+        return None
+    return _non_negative_int(value.strip(), "header.Last-Event-ID")
+
+
+# --- bodies -------------------------------------------------------------------------
+
+
+def _pairs_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {key!r}")
+        result[key] = value
+    return result
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads_json_object(body: bytes) -> dict[str, Any]:
+    """Parse a request body that must be one JSON object; refuse anything ambiguous.
+
+    Duplicate keys are refused (two parsers could disagree on which one wins, and
+    the idempotency digest must mean one thing), as are NaN and Infinity.
+    """
+    if not body.strip():
+        raise Refusal(400, "malformed_json", "the request body is empty; send a JSON object")
+    try:
+        text = body.decode("utf-8")
+        data = json.loads(
+            text, object_pairs_hook=_pairs_without_duplicates, parse_constant=_no_constants
+        )
+    except UnicodeDecodeError:
+        raise Refusal(400, "malformed_json", "the request body is not UTF-8") from None
+    except RecursionError:
+        raise Refusal(400, "malformed_json", "the request body is nested too deeply") from None
+    except ValueError as exc:  # json.JSONDecodeError is a ValueError
+        raise Refusal(400, "malformed_json", f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise Refusal(400, "malformed_json", "the request body must be a JSON object")
+    return data
+
+
+def canonical_json(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def request_digest(method: str, path: str, data: Any) -> str:
+    """What "the same request" means for an idempotency key: method, path, parsed body.
+
+    Whitespace and key order do not change it; any value does.
+    """
+    text = f"{method.upper()} {path}\n{canonical_json(data)}"
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Submission:
+    operation: str
+    input: dict[str, Any] = field(default_factory=dict)
+    queue: str | None = None
+    priority: int | None = None
+    on_restart: str | None = None
+
+
+def parse_submission(data: Mapping[str, Any]) -> Submission:
+    """Check the fields of ``POST /jobs``; every problem is reported, not just the first."""
+    errors = [
+        FieldError(name, f"unknown field; allowed: {', '.join(SUBMISSION_FIELDS)}")
+        for name in data
+        if name not in SUBMISSION_FIELDS
+    ]
+    operation = data.get("operation")
+    if not isinstance(operation, str) or not 0 < len(operation) <= MAX_OPERATION_NAME:
+        errors.append(
+            FieldError("operation", f"required: a string of 1 to {MAX_OPERATION_NAME} characters")
+        )
+    job_input = data.get("input", {})
+    if job_input is None:
+        job_input = {}
+    if not isinstance(job_input, dict):
+        errors.append(FieldError("input", "must be a JSON object"))
+    queue = data.get("queue")
+    if queue is not None and not (isinstance(queue, str) and QUEUE_NAME.match(queue)):
+        errors.append(
+            FieldError("queue", "must be 1 to 64 letters, digits, _ . : - (starting alphanumeric)")
+        )
+    priority = data.get("priority")
+    if priority is not None and (
+        isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100
+    ):
+        errors.append(FieldError("priority", "must be an integer from -100 to 100"))
+    on_restart = data.get("on_restart")
+    if on_restart is not None and on_restart not in OnRestart.values:
+        errors.append(FieldError("on_restart", f"must be one of {', '.join(OnRestart.values)}"))
+    if errors:
+        raise invalid(errors)
+    return Submission(operation, job_input, queue, priority, on_restart)
+
+
+# --- query strings -------------------------------------------------------------------
+
+
+def _non_negative_int(text: str, name: str, *, maximum: int = MAX_ID) -> int:
+    if not text.isascii() or not text.isdigit() or len(text) > 19 or int(text) > maximum:
+        raise invalid([FieldError(name, f"must be an integer from 0 to {maximum}")])
+    return int(text)
+
+
+def _single(params: Mapping[str, Sequence[str]], name: str) -> str | None:
+    values = params.get(name)
+    if not values:
+        return None
+    if len(values) > 1:
+        raise invalid([FieldError(f"query.{name}", "give it once")])
+    return values[0]
+
+
+def _reject_unknown(params: Mapping[str, Sequence[str]], allowed: Sequence[str]) -> None:
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise invalid(
+            [
+                FieldError(f"query.{name}", f"unknown parameter; allowed: {', '.join(allowed)}")
+                for name in unknown
+            ]
+        )
+
+
+def _limit(params: Mapping[str, Sequence[str]], default: int, maximum: int) -> int:
+    text = _single(params, "limit")
+    if text is None:
+        return default
+    value = _non_negative_int(text, "query.limit", maximum=maximum)
+    if value < 1:
+        raise invalid([FieldError("query.limit", f"must be an integer from 1 to {maximum}")])
+    return value
+
+
+def encode_cursor(before_id: int) -> str:
+    """Opaque to clients: they pass back what they got, so the format can change later."""
+    raw = f"v1:{before_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> int:
+    bad = invalid([FieldError("query.cursor", "is not a cursor this API issued")])
+    if not cursor or len(cursor) > 40:
+        raise bad
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise bad from None
+    version, _, number = raw.partition(":")
+    if version != "v1" or not number.isdigit() or not 0 < int(number) <= MAX_ID:
+        raise bad
+    return int(number)
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    states: tuple[str, ...] = ()
+    operation: str | None = None
+    before_id: int | None = None
+    limit: int = LIST_DEFAULT_LIMIT
+
+
+def parse_list_query(params: Mapping[str, Sequence[str]]) -> ListQuery:
+    """``state`` (repeatable or comma-separated), ``operation``, ``cursor``, ``limit``."""
+    _reject_unknown(params, ("state", "operation", "cursor", "limit"))
+    states: list[str] = []
+    for value in params.get("state", []):
+        for name in value.split(","):
+            name = name.strip()
+            if name not in JobState.values:
+                raise invalid(
+                    [FieldError("query.state", f"must be one of {', '.join(JobState.values)}")]
+                )
+            if name not in states:
+                states.append(name)
+    operation = _single(params, "operation")
+    if operation is not None and not (
+        0 < len(operation) <= MAX_OPERATION_NAME and operation.isprintable()
+    ):
+        raise invalid(
+            [
+                FieldError(
+                    "query.operation", f"must be 1 to {MAX_OPERATION_NAME} printable characters"
+                )
+            ]
+        )
+    cursor = _single(params, "cursor")
+    before_id = decode_cursor(cursor) if cursor is not None else None
+    return ListQuery(
+        tuple(states), operation, before_id, _limit(params, LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT)
+    )
+
+
+@dataclass(frozen=True)
+class EventsQuery:
+    after: int = 0
+    limit: int = EVENTS_DEFAULT_LIMIT
+
+
+def parse_events_query(
+    params: Mapping[str, Sequence[str]], last_event_id: str | None = None
+) -> EventsQuery:
+    """``after`` (a seq) and ``limit``; a ``Last-Event-ID`` header wins over ``after``.
+
+    An SSE client reconnecting sends the header with the last id it saw, while
+    its URL still carries the ``after`` it started with.
+    """
+    _reject_unknown(params, ("after", "limit"))
+    resumed = parse_last_event_id(last_event_id)
+    text = _single(params, "after")
+    after = _non_negative_int(text, "query.after") if text is not None else 0
+    if resumed is not None:
+        after = resumed
+    return EventsQuery(after, _limit(params, EVENTS_DEFAULT_LIMIT, EVENTS_MAX_LIMIT))
+
+
+# --- server-sent events -------------------------------------------------------------
+
+
+def sse_event(data: str, *, event_id: int | None = None, event: str | None = None) -> str:
+    """One SSE frame. ``data`` is compact JSON, so it never contains a line break."""
+    lines = []
+    if event_id is not None:
+        lines.append(f"id: {event_id}")
+    if event is not None:
+        lines.append(f"event: {event}")
+    lines.extend(f"data: {line}" for line in data.split("\n"))
+    return "\n".join(lines) + "\n\n"
+
+
+def sse_comment(text: str) -> str:
+    return f": {text}\n\n"
+
+
+def sse_retry(milliseconds: int) -> str:
+    return f"retry: {int(milliseconds)}\n\n"
+
+
+def find_unstorable(value: Any) -> str | None:
+    """Where parsed JSON holds a character no database column can keep, or None.
+
+    NUL (U+0000): PostgreSQL cannot store it in text or jsonb. An unpaired
+    surrogate (``"\\ud800"`` is valid JSON): it has no UTF-8 encoding at all.
+    Refusing both here turns what would be a database or encoding error into
+    a precise 400. Iterative, so a deeply nested body cannot exhaust the stack.
+    """
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if UNSTORABLE.search(item):
+                return path or "body"
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if UNSTORABLE.search(key):
+                    return path or "body"
+                stack.append((f"{path}.{key}" if path else key, child))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{index}]", child) for index, child in enumerate(item))
+    return None

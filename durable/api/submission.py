@@ -1,0 +1,115 @@
+"""``POST /jobs``: enqueue, and remember the response under the client's Idempotency-Key.
+
+The key row is inserted *first* and the job second, in one transaction. Two
+requests racing with one key then collide on the ``(client, key)`` unique
+index before either creates a job: on PostgreSQL the second insert waits for
+the first transaction and fails once it commits; on SQLite the second
+transaction cannot start until the first has committed. The loser rolls back
+and replays the winner's stored response, so N concurrent duplicates make
+exactly one job. Because the response is stored in the database, a replay
+works the same after the server restarts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from ..errors import InputRejected, UnknownOperation
+from ..jobs import enqueue
+from ..models import Job
+from ..operations import get_operation
+from .errors import FieldError, Refusal, invalid
+from .models import Client, IdempotencyKey
+from .parse import Submission
+from .render import dumps, job_json, job_url
+
+RACE_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    body: str
+    headers: dict[str, str] = field(default_factory=dict)
+    replayed: bool = False
+
+
+def allowed_operation(name: str) -> bool:
+    """``DURABLE_API_OPERATIONS`` (a list of names) limits what clients may submit."""
+    allowed = getattr(settings, "DURABLE_API_OPERATIONS", None)
+    if allowed is not None and name not in allowed:
+        return False
+    try:
+        get_operation(name)
+    except UnknownOperation:
+        return False
+    return True
+
+
+def _input_field(name: str) -> str:
+    if name in ("priority", "input"):
+        return name
+    return f"input.{name}"
+
+
+def _enqueue(client: Client, submission: Submission) -> Job:
+    if not allowed_operation(submission.operation):
+        raise invalid(
+            [FieldError("operation", f"no operation named {submission.operation!r} is available")],
+            "unknown operation",
+        )
+    try:
+        return enqueue(
+            submission.operation,
+            submission.input,
+            owner=client.actor,
+            queue=submission.queue,
+            priority=submission.priority,
+            on_restart=submission.on_restart,
+        )
+    except InputRejected as exc:
+        raise invalid([FieldError(_input_field(exc.field), exc.reason)]) from None
+
+
+def _accepted(job: Job) -> Reply:
+    return Reply(202, dumps(job_json(job)), {"Location": job_url(job.pk)})
+
+
+def _replay(row: IdempotencyKey, digest: str) -> Reply:
+    if row.request_digest != digest:
+        raise Refusal(
+            422,
+            "idempotency_key_reused",
+            "this Idempotency-Key was already used with a different request; "
+            "send the original request again, or use a new key for a new request",
+        )
+    return Reply(row.response_status, row.response_body, dict(row.response_headers), True)
+
+
+def submit(client: Client, submission: Submission, *, key: str | None, digest: str) -> Reply:
+    """Create the job (committed before this returns) or replay the stored reply."""
+    if key is None:
+        return _accepted(_enqueue(client, submission))
+    for _ in range(RACE_ATTEMPTS):
+        existing = IdempotencyKey.objects.filter(client=client, key=key).first()
+        if existing is not None:
+            return _replay(existing, digest)
+        try:
+            with transaction.atomic():
+                row = IdempotencyKey.objects.create(client=client, key=key, request_digest=digest)
+                job = _enqueue(client, submission)
+                reply = _accepted(job)
+                row.job = job
+                row.response_status = reply.status
+                row.response_body = reply.body
+                row.response_headers = reply.headers
+                row.save(
+                    update_fields=["job", "response_status", "response_body", "response_headers"]
+                )
+            return reply
+        except IntegrityError:
+            continue  # another request with this key committed first: replay it
+    raise RuntimeError(f"could not settle Idempotency-Key race for client {client.pk}")

@@ -1,0 +1,17 @@
+"""Mount with ``path("api/", include("durable.api.urls"))``."""
+
+from django.urls import path, re_path
+
+from . import views
+
+app_name = "durable-api"
+
+urlpatterns = [
+    path("jobs", views.jobs_view, name="jobs"),
+    path("jobs/<int:job_id>", views.job_view, name="job"),
+    path("jobs/<int:job_id>/events", views.job_events_view, name="job-events"),
+    path("jobs/<int:job_id>/<str:action>", views.job_action_view, name="job-action"),
+    path("openapi.json", views.openapi_view, name="openapi"),
+    # Anything else under the prefix: a JSON 404, not the site's HTML page.
+    re_path(r"^(?P<rest>.*)$", views.not_found_view, name="not-found"),
+]

@@ -1,0 +1,341 @@
+"""The HTTP surface: bearer tokens, JSON in and out, problem+json refusals.
+
+No view uses cookies or sessions, so none needs CSRF protection: a browser
+cannot attach a bearer token to a forged cross-site request. Every state
+change goes through ``durable.jobs``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from functools import wraps
+from http import HTTPStatus
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.db import transaction
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.urls import reverse
+from django.views.decorators.csrf import csrf_exempt
+
+from .. import jobs
+from ..models import Job, JobEvent
+from ..states import FINISHED_STATES, Action
+from .auth import authenticate
+from .errors import FieldError, Refusal, invalid
+from .models import Client
+from .openapi import build_document
+from .parse import (
+    MAX_ID,
+    encode_cursor,
+    find_unstorable,
+    is_json_content_type,
+    loads_json_object,
+    parse_events_query,
+    parse_idempotency_key,
+    parse_list_query,
+    parse_submission,
+    request_digest,
+    sse_comment,
+    sse_event,
+    sse_retry,
+    wants_event_stream,
+)
+from .render import dumps, event_json, job_json
+from .submission import submit
+
+JSON = "application/json"
+PROBLEM_JSON = "application/problem+json"
+DEFAULT_MAX_BODY_BYTES = 256 * 1024
+DEFAULT_STREAM_SECONDS = 25.0
+DEFAULT_STREAM_POLL_SECONDS = 1.0
+DEFAULT_STREAM_KEEPALIVE_SECONDS = 10.0
+STREAM_RETRY_MS = 2000
+STREAM_BATCH = 200
+ACTIONS: dict[str, Callable[..., jobs.Outcome]] = {
+    Action.CANCEL: jobs.cancel,
+    Action.PAUSE: jobs.pause,
+    Action.RESUME: jobs.resume,
+    Action.RETRY: jobs.retry_now,
+}
+
+
+def _setting(name: str, default: float) -> float:
+    return float(getattr(settings, name, default))
+
+
+# --- responses ------------------------------------------------------------------------
+
+
+def json_response(
+    data: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> HttpResponse:
+    return HttpResponse(dumps(data), status=status, content_type=JSON, headers=headers)
+
+
+def problem(refusal: Refusal) -> HttpResponse:
+    body: dict[str, Any] = {
+        "type": "about:blank",
+        "title": HTTPStatus(refusal.status).phrase,
+        "status": refusal.status,
+        "code": refusal.code,
+        "detail": refusal.detail,
+    }
+    body.update(refusal.extra)
+    if refusal.errors:
+        body["errors"] = [{"field": e.field, "message": e.message} for e in refusal.errors]
+    return HttpResponse(
+        dumps(body), status=refusal.status, content_type=PROBLEM_JSON, headers=refusal.headers
+    )
+
+
+def endpoint(scopes: dict[str, str | None]) -> Callable:
+    """Wrap a view: method check, bearer authentication for the method's scope,
+    Refusals rendered as problem+json, and responses never cached.
+
+    ``scopes`` maps each allowed method to the scope it needs (None: public).
+    The view is called as ``view(request, client, **kwargs)``.
+    """
+
+    def decorate(view: Callable) -> Callable:
+        @wraps(view)
+        def wrapper(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+            try:
+                if request.method not in scopes:
+                    raise Refusal(
+                        405,
+                        "method_not_allowed",
+                        f"{request.method} is not allowed here",
+                        headers={"Allow": ", ".join(scopes)},
+                    )
+                scope = scopes[request.method]
+                client = authenticate(request, scope) if scope else None
+                response = view(request, client, **kwargs)
+            except Refusal as refusal:
+                response = problem(refusal)
+            response["Cache-Control"] = "no-store"
+            return response
+
+        # Bearer tokens, no cookies: nothing for CSRF to protect. Not atomic even
+        # under ATOMIC_REQUESTS: a 202 means committed, and a stream must not
+        # hold a transaction open for its whole duration.
+        return csrf_exempt(transaction.non_atomic_requests(wrapper))
+
+    return decorate
+
+
+def _job_or_404(job_id: int) -> Job:
+    job = Job.objects.filter(pk=job_id).first() if 0 < job_id <= MAX_ID else None
+    if job is None:
+        raise Refusal(404, "not_found", f"there is no job {job_id}")
+    return job
+
+
+def _query(request: HttpRequest) -> dict[str, list[str]]:
+    return dict(request.GET.lists())
+
+
+# --- request bodies ---------------------------------------------------------------------
+
+
+def read_json_body(request: HttpRequest) -> dict[str, Any]:
+    """The body as a JSON object, or a precise 413/415/400."""
+    if not is_json_content_type(request.META.get("CONTENT_TYPE")):
+        raise Refusal(
+            415, "unsupported_media_type", "send the body as Content-Type: application/json"
+        )
+    limit = int(_setting("DURABLE_API_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES))
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    too_large = Refusal(413, "body_too_large", f"the request body is larger than {limit} bytes")
+    if length > limit:
+        raise too_large
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        raise too_large from None
+    if len(body) > limit:
+        raise too_large
+    data = loads_json_object(body)
+    where = find_unstorable(data)
+    if where is not None:
+        raise invalid(
+            [FieldError(where, "must not contain NUL (U+0000) or unpaired surrogate characters")]
+        )
+    return data
+
+
+# --- views ------------------------------------------------------------------------------
+
+
+@endpoint({"GET": "jobs:read", "POST": "jobs:write"})
+def jobs_view(request: HttpRequest, client: Client | None) -> HttpResponse:
+    if request.method == "POST":
+        return submit_job(request, client)
+    return list_jobs(request)
+
+
+def submit_job(request: HttpRequest, client: Client | None) -> HttpResponse:
+    key = parse_idempotency_key(request.headers.get("Idempotency-Key"))
+    data = read_json_body(request)
+    submission = parse_submission(data)
+    reply = submit(client, submission, key=key, digest=request_digest("POST", "jobs", data))
+    response = HttpResponse(reply.body, status=reply.status, content_type=JSON)
+    for name, value in reply.headers.items():
+        response[name] = value
+    if key is not None:
+        response["Idempotent-Replayed"] = "true" if reply.replayed else "false"
+    return response
+
+
+def list_jobs(request: HttpRequest) -> HttpResponse:
+    """Newest first, keyset-paginated on id: page N costs what page 1 costs."""
+    query = parse_list_query(_query(request))
+    rows = Job.objects.all()
+    if query.states:
+        rows = rows.filter(state__in=query.states)
+    if query.operation is not None:
+        rows = rows.filter(operation=query.operation)
+    if query.before_id is not None:
+        rows = rows.filter(pk__lt=query.before_id)
+    page = list(rows.order_by("-pk")[: query.limit + 1])
+    more = len(page) > query.limit
+    page = page[: query.limit]
+    cursor = encode_cursor(page[-1].pk) if more else None
+    next_url = None
+    if cursor is not None:
+        params = request.GET.copy()
+        params["cursor"] = cursor
+        next_url = f"{request.path}?{params.urlencode()}"
+    return json_response(
+        {"jobs": [job_json(job) for job in page], "next_cursor": cursor, "next": next_url}
+    )
+
+
+@endpoint({"GET": "jobs:read"})
+def job_view(request: HttpRequest, client: Client | None, job_id: int) -> HttpResponse:
+    return json_response(job_json(_job_or_404(job_id)))
+
+
+@endpoint({"GET": "jobs:read"})
+def job_events_view(request: HttpRequest, client: Client | None, job_id: int) -> HttpResponse:
+    # The job is read before its events: state and event commit together, so a
+    # job seen finished here has all its events visible to the next query, and
+    # "finished" never makes a client stop before the last event.
+    job = _job_or_404(job_id)
+    query = parse_events_query(_query(request), request.headers.get("Last-Event-ID"))
+    if wants_event_stream(request.headers.get("Accept")):
+        return stream_events(job, query.after)
+    events = list(
+        JobEvent.objects.filter(job_id=job.pk, seq__gt=query.after).order_by("seq")[
+            : query.limit + 1
+        ]
+    )
+    more = len(events) > query.limit
+    events = events[: query.limit]
+    return json_response(
+        {
+            "job_id": job.pk,
+            "state": job.state,
+            "finished": job.is_finished,
+            "events": [event_json(event) for event in events],
+            "next_after": events[-1].seq if events else query.after,
+            "has_more": more,
+        }
+    )
+
+
+def stream_events(job: Job, after: int) -> HttpResponse:
+    if job.is_finished and after >= job.event_seq:
+        # Nothing will ever follow: 204 tells an EventSource to stop reconnecting.
+        response = HttpResponse(status=204)
+        del response["Content-Type"]
+        return response
+    response = StreamingHttpResponse(
+        event_frames(job.pk, after), content_type="text/event-stream; charset=utf-8"
+    )
+    response["X-Accel-Buffering"] = "no"  # nginx: pass each frame on at once
+    return response
+
+
+def event_frames(job_id: int, after: int) -> Iterator[str]:
+    """Frames until the job is finished or the stream's time is up.
+
+    A gunicorn sync worker serves one request at a time, so one stream may hold
+    it only ``DURABLE_API_STREAM_SECONDS`` (keep that below gunicorn's
+    ``--timeout``). The client then reconnects with ``Last-Event-ID`` and
+    misses nothing. The database is polled every
+    ``DURABLE_API_STREAM_POLL_SECONDS`` (one indexed read of the job row; the
+    events only when its ``event_seq`` moved); a comment line every
+    ``DURABLE_API_STREAM_KEEPALIVE_SECONDS`` keeps proxies from closing an idle
+    stream and lets a vanished client be noticed.
+    """
+    started = time.monotonic()
+    deadline = started + _setting("DURABLE_API_STREAM_SECONDS", DEFAULT_STREAM_SECONDS)
+    poll = _setting("DURABLE_API_STREAM_POLL_SECONDS", DEFAULT_STREAM_POLL_SECONDS)
+    keepalive = _setting("DURABLE_API_STREAM_KEEPALIVE_SECONDS", DEFAULT_STREAM_KEEPALIVE_SECONDS)
+    last_sent = after
+    last_write = started
+    yield sse_retry(STREAM_RETRY_MS)
+    while True:
+        row = Job.objects.filter(pk=job_id).values_list("state", "event_seq").first()
+        if row is None:
+            yield sse_event(dumps({"state": None, "last_event_seq": last_sent}), event="end")
+            return
+        state, event_seq = row
+        sent = False
+        if event_seq > last_sent:
+            batch = JobEvent.objects.filter(job_id=job_id, seq__gt=last_sent).order_by("seq")
+            for event in batch[:STREAM_BATCH]:
+                yield sse_event(dumps(event_json(event)), event_id=event.seq)
+                last_sent = event.seq
+                sent = True
+        elif state in FINISHED_STATES:
+            yield sse_event(dumps({"state": state, "last_event_seq": last_sent}), event="end")
+            return
+        now = time.monotonic()
+        if now >= deadline:
+            yield sse_comment("time limit reached; reconnect with Last-Event-ID")
+            return
+        if sent:
+            last_write = now
+            continue  # look again at once: another batch, or the end, may be there
+        if now - last_write >= keepalive:
+            yield sse_comment("keep-alive")
+            last_write = now
+        time.sleep(max(0.0, min(poll, deadline - now)))
+
+
+@endpoint({"POST": "jobs:write"})
+def job_action_view(request: HttpRequest, client: Client, job_id: int, action: str) -> HttpResponse:
+    if action not in ACTIONS:
+        raise Refusal(404, "not_found", f"no action {action!r}; use {', '.join(ACTIONS)}")
+    if not 0 < job_id <= MAX_ID:
+        raise Refusal(404, "not_found", f"there is no job {job_id}")
+    outcome = ACTIONS[action](job_id, actor=client.actor)
+    if outcome.refusal == "no such job":
+        raise Refusal(404, "not_found", f"there is no job {job_id}")
+    if outcome.refused:
+        raise Refusal(
+            409, "transition_refused", outcome.refusal or "", extra={"state": outcome.state}
+        )
+    return json_response(
+        {"action": action, "applied": outcome.applied, "job": job_json(_job_or_404(job_id))}
+    )
+
+
+@endpoint({"GET": None})
+def openapi_view(request: HttpRequest, client: Client | None) -> HttpResponse:
+    prefix = reverse("durable-api:openapi").removesuffix("openapi.json")
+    return json_response(build_document(prefix))
+
+
+@csrf_exempt
+def not_found_view(request: HttpRequest, rest: str = "") -> HttpResponse:
+    response = problem(Refusal(404, "not_found", "no such API resource; see openapi.json"))
+    response["Cache-Control"] = "no-store"
+    return response

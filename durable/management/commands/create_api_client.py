@@ -1,0 +1,69 @@
+"""``python manage.py create_api_client NAME --scope jobs:read --scope jobs:write``.
+
+Prints the token once, alone on stdout (``TOKEN=$(python manage.py …)``);
+the database keeps only its SHA-256. ``--rotate`` gives an existing client a
+new token (the old one stops working at once) and lifts a revocation.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
+from django.utils import timezone
+
+from durable.api.models import SCOPES, Client
+from durable.api.tokens import new_token
+
+
+class Command(BaseCommand):
+    help = "Create an API client (or --rotate its token) and print the token once."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("name", help="who uses the token, e.g. ci or deploy-script")
+        parser.add_argument(
+            "--scope",
+            action="append",
+            choices=SCOPES,
+            default=[],
+            help="repeatable: jobs:read (list, get, events), jobs:write (submit, actions)",
+        )
+        parser.add_argument(
+            "--rotate",
+            action="store_true",
+            help="replace the token of an existing client (keeps its scopes unless given)",
+        )
+
+    def handle(self, *args: object, **options: object) -> None:
+        name = str(options["name"]).strip()
+        if not 0 < len(name) <= 100 or not name.isprintable():
+            raise CommandError("NAME must be 1 to 100 printable characters")
+        scopes = sorted(set(options["scope"]))  # type: ignore[arg-type]
+        token = new_token()
+        now = timezone.now()
+        with transaction.atomic():
+            client = Client.objects.select_for_update().filter(name=name).first()
+            if client is None:
+                if options["rotate"]:
+                    raise CommandError(f"there is no API client named {name!r}")
+                if not scopes:
+                    raise CommandError("give at least one --scope (jobs:read, jobs:write)")
+                client = Client.objects.create(
+                    name=name, scopes=scopes, token_prefix=token.prefix, token_hash=token.hash
+                )
+                verb = "Created"
+            elif not options["rotate"]:
+                raise CommandError(f"API client {name!r} exists; use --rotate for a new token")
+            else:
+                client.token_prefix, client.token_hash = token.prefix, token.hash
+                client.rotated_at, client.revoked_at = now, None
+                if scopes:
+                    client.scopes = scopes
+                client.save()
+                verb = "Rotated the token of"
+        self.stderr.write(
+            f"{verb} API client {client.name!r} (scopes: {', '.join(client.scopes)}). "
+            "The token below is shown only now; store it in a secret store."
+        )
+        self.stdout.write(token.token)

@@ -1,0 +1,316 @@
+"""The API's pure decisions: headers, bodies, query strings, cursors, SSE frames, tokens."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from durable.api import parse, tokens
+from durable.api.errors import Refusal
+
+
+def fields(info: pytest.ExceptionInfo) -> list[str]:
+    return [error.field for error in info.value.errors]
+
+
+# --- headers --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("application/json", True),
+        ("Application/JSON; charset=UTF-8", True),  # media types are case-insensitive
+        ('application/json; charset="utf-8"', True),  # quoted parameter value
+        ("application/json; charset=latin-1", False),  # we read UTF-8 only
+        ("text/plain", False),
+        ("application/x-www-form-urlencoded", False),  # what a forged HTML form sends
+        ("application/json, text/plain", False),  # a list is not one type
+        ("", False),
+        (None, False),
+    ],
+)
+def test_is_json_content_type(header, expected):
+    assert parse.is_json_content_type(header) is expected
+
+
+@pytest.mark.parametrize(
+    ("accept", "expected"),
+    [
+        ("text/event-stream", True),
+        ("application/json, text/event-stream;q=0.5", True),
+        ("text/event-stream;q=0", False),  # explicitly not acceptable
+        ("text/event-stream;q=abc", True),  # a broken q is ignored, not fatal
+        ("application/json", False),
+        ("*/*", False),  # curl's default gets JSON
+        (None, False),
+    ],
+)
+def test_wants_event_stream(accept, expected):
+    assert parse.wants_event_stream(accept) is expected
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("Bearer abc.DEF-123_~+/=", ("abc.DEF-123_~+/=", None)),
+        ("bearer tok", ("tok", None)),  # the scheme is case-insensitive
+        ("  Bearer   tok  ", ("tok", None)),
+        (None, (None, "missing-token")),
+        ("", (None, "missing-token")),
+        ("Basic dXNlcjpwYXNz", (None, "malformed-header")),  # another scheme
+        ("Bearer", (None, "malformed-header")),  # no token
+        ("Bearer a b", (None, "malformed-header")),  # a space is not b64token
+        ("Bearer tök", (None, "malformed-header")),  # non-ASCII
+        ("tok", (None, "malformed-header")),  # token without scheme
+    ],
+)
+def test_parse_bearer(header, expected):
+    assert parse.parse_bearer(header) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, None),  # no header: no idempotency
+        ("abc-123", "abc-123"),
+        ('"abc-123"', "abc-123"),  # structured-field string form means the same key
+        ("  k  ", "k"),
+        ("x" * 255, "x" * 255),
+    ],
+)
+def test_parse_idempotency_key__accepts(value, expected):
+    assert parse.parse_idempotency_key(value) == expected
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["", '""', "x" * 256, "has space", "ключ", "tab\there"],
+)
+def test_parse_idempotency_key__refuses(value):
+    with pytest.raises(Refusal) as info:
+        parse.parse_idempotency_key(value)
+    assert info.value.status == 400
+    assert fields(info) == ["header.Idempotency-Key"]
+
+
+# --- bodies ------------------------------------------------------------------------------
+
+
+def test_loads_json_object__returns_the_object():
+    assert parse.loads_json_object(b'{"a": [1, 2.5, null, "\\u00e9"]}') == {
+        "a": [1, 2.5, None, "é"]
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (b"", "empty"),
+        (b"  \n", "empty"),
+        (b"{", "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object"),  # an array is valid JSON but not a request
+        (b'"text"', "must be a JSON object"),
+        (b'{"a": 1, "a": 2}', "duplicate key"),  # parsers disagree on which wins
+        (b'{"a": NaN}', "not valid JSON"),
+        (b'{"a": Infinity}', "not valid JSON"),
+        (b'{"a": "\xff"}', "not UTF-8"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),  # would exhaust the stack
+    ],
+)
+def test_loads_json_object__refuses(body, why):
+    with pytest.raises(Refusal) as info:
+        parse.loads_json_object(body)
+    assert (info.value.status, info.value.code) == (400, "malformed_json")
+    assert why in info.value.detail
+
+
+def test_request_digest__ignores_formatting_and_key_order_not_values():
+    a = parse.request_digest("POST", "jobs", json.loads('{"operation": "x", "input": {"a": 1}}'))
+    b = parse.request_digest("post", "jobs", json.loads('{"input":{"a":1},"operation":"x"}'))
+    c = parse.request_digest("POST", "jobs", {"operation": "x", "input": {"a": 2}})
+    d = parse.request_digest("POST", "other", {"operation": "x", "input": {"a": 1}})
+    assert a == b
+    assert len({a, c, d}) == 3
+
+
+@pytest.mark.parametrize(
+    ("value", "where"),
+    [
+        ({"a": "ok"}, None),
+        ({"a": "b\x00"}, "a"),
+        ({"a": {"b": ["x", "\x00"]}}, "a.b[1]"),
+        ({"k\x00": 1}, "body"),  # a key at the top level
+        ({"a": {"k\x00": 1}}, "a"),
+        ({"a": "\ud800"}, "a"),  # an unpaired surrogate has no UTF-8 form
+        ({"a": ["ok", "x\udfff"]}, "a[1]"),
+        ({"a": "\U0001f600"}, None),  # a real astral character is fine
+    ],
+)
+def test_find_unstorable(value, where):
+    assert parse.find_unstorable(value) == where
+
+
+def test_find_unstorable__survives_deep_nesting():
+    deep: list = []
+    for _ in range(50_000):
+        deep = [deep]
+    assert parse.find_unstorable({"a": deep}) is None
+
+
+def test_parse_submission__fills_optional_fields():
+    submission = parse.parse_submission({"operation": "x", "priority": -100, "queue": "q.1"})
+    assert submission == parse.Submission("x", {}, "q.1", -100, None)
+
+
+@pytest.mark.parametrize(
+    ("data", "bad"),
+    [
+        ({}, ["operation"]),  # required
+        ({"operation": ""}, ["operation"]),
+        ({"operation": "x" * 101}, ["operation"]),
+        ({"operation": 5}, ["operation"]),
+        ({"operation": "x", "input": [1]}, ["input"]),
+        ({"operation": "x", "priority": True}, ["priority"]),  # bool is not an integer here
+        ({"operation": "x", "priority": 101}, ["priority"]),
+        ({"operation": "x", "priority": 1.5}, ["priority"]),
+        ({"operation": "x", "priority": "1"}, ["priority"]),
+        ({"operation": "x", "on_restart": "never"}, ["on_restart"]),
+        ({"operation": "x", "queue": ""}, ["queue"]),
+        ({"operation": "x", "queue": "-leading"}, ["queue"]),
+        ({"operation": "x", "queue": "q" * 65}, ["queue"]),
+        ({"operation": "x", "priorty": 1}, ["priorty"]),  # a typo is not silently ignored
+        ({"priority": 500, "extra": 1}, ["extra", "operation", "priority"]),  # all at once
+    ],
+)
+def test_parse_submission__refuses(data, bad):
+    with pytest.raises(Refusal) as info:
+        parse.parse_submission(data)
+    assert info.value.status == 400
+    assert sorted(fields(info)) == bad
+
+
+# --- query strings --------------------------------------------------------------------
+
+
+def test_cursor__round_trips():
+    for before in (1, 42, parse.MAX_ID):
+        assert parse.decode_cursor(parse.encode_cursor(before)) == before
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "",
+        "!!!",  # not base64
+        "djE6",  # "v1:" without an id
+        "djE6MA",  # "v1:0"
+        "djI6NQ",  # "v2:5": a version we never issued
+        "djE6LTE",  # "v1:-1"
+        "djE6OTk5OTk5OTk5OTk5OTk5OTk5OTk5",  # beyond BIGINT
+        "x" * 41,
+    ],
+)
+def test_cursor__refuses_what_we_never_issued(cursor):
+    with pytest.raises(Refusal) as info:
+        parse.decode_cursor(cursor)
+    assert fields(info) == ["query.cursor"]
+
+
+def test_parse_list_query__defaults_and_values():
+    assert parse.parse_list_query({}) == parse.ListQuery()
+    cursor = parse.encode_cursor(10)
+    query = parse.parse_list_query(
+        {
+            "state": ["queued,running", "queued"],
+            "operation": ["x"],
+            "cursor": [cursor],
+            "limit": ["7"],
+        }
+    )
+    assert query == parse.ListQuery(("queued", "running"), "x", 10, 7)
+
+
+@pytest.mark.parametrize(
+    ("params", "bad"),
+    [
+        ({"state": ["done"]}, "query.state"),
+        ({"state": [""]}, "query.state"),
+        ({"limit": ["0"]}, "query.limit"),
+        ({"limit": ["201"]}, "query.limit"),
+        ({"limit": ["-1"]}, "query.limit"),
+        ({"limit": ["1e3"]}, "query.limit"),
+        ({"limit": ["٣"]}, "query.limit"),  # an Arabic-Indic digit is a digit to str.isdigit
+        ({"limit": ["1", "2"]}, "query.limit"),  # given twice
+        ({"operation": ["a\x00b"]}, "query.operation"),  # NUL cannot reach PostgreSQL
+        ({"operation": ["x" * 101]}, "query.operation"),
+        ({"status": ["queued"]}, "query.status"),  # a typo for state
+    ],
+)
+def test_parse_list_query__refuses(params, bad):
+    with pytest.raises(Refusal) as info:
+        parse.parse_list_query(params)
+    assert fields(info) == [bad]
+
+
+@pytest.mark.parametrize(
+    ("params", "last_event_id", "expected"),
+    [
+        ({}, None, parse.EventsQuery(0, 100)),
+        ({"after": ["5"], "limit": ["2"]}, None, parse.EventsQuery(5, 2)),
+        ({"after": ["5"]}, "9", parse.EventsQuery(9, 100)),  # a reconnecting client wins
+        ({"after": ["5"]}, " ", parse.EventsQuery(5, 100)),  # empty Last-Event-ID: ignored
+        ({}, "0", parse.EventsQuery(0, 100)),
+    ],
+)
+def test_parse_events_query(params, last_event_id, expected):
+    assert parse.parse_events_query(params, last_event_id) == expected
+
+
+@pytest.mark.parametrize(
+    ("params", "last_event_id", "bad"),
+    [
+        ({"after": ["-1"]}, None, "query.after"),
+        ({"after": ["x"]}, None, "query.after"),
+        ({"after": ["99999999999999999999"]}, None, "query.after"),
+        ({"limit": ["1001"]}, None, "query.limit"),
+        ({}, "abc", "header.Last-Event-ID"),
+        ({"since": ["1"]}, None, "query.since"),
+    ],
+)
+def test_parse_events_query__refuses(params, last_event_id, bad):
+    with pytest.raises(Refusal) as info:
+        parse.parse_events_query(params, last_event_id)
+    assert fields(info) == [bad]
+
+
+# --- SSE framing and tokens -----------------------------------------------------------
+
+
+def test_sse_frames():
+    assert parse.sse_event('{"a":1}', event_id=3) == 'id: 3\ndata: {"a":1}\n\n'
+    assert parse.sse_event("x", event="end") == "event: end\ndata: x\n\n"
+    assert parse.sse_event("a\nb") == "data: a\ndata: b\n\n"  # a line break cannot end a frame
+    assert parse.sse_comment("keep-alive") == ": keep-alive\n\n"
+    assert parse.sse_retry(2000) == "retry: 2000\n\n"
+
+
+def test_tokens__new_token_matches_only_itself():
+    one, two = tokens.new_token(), tokens.new_token()
+    assert one.token.startswith("dur_")
+    assert tokens.token_prefix(one.token) == one.prefix
+    assert one.token != two.token
+    assert tokens.token_matches(one.token, one.hash)
+    assert not tokens.token_matches(two.token, one.hash)
+    assert not tokens.token_matches(one.token, None)  # unknown prefix: still compared, refused
+    assert one.hash == tokens.hash_token(one.token)
+    assert one.token not in one.hash
+
+
+@pytest.mark.parametrize(
+    "token",
+    ["", "dur_", "dur_0123456789ab_short", "xyz_0123456789ab_" + "a" * 43, "dur_XYZ_" + "a" * 43],
+)
+def test_tokens__malformed_has_no_prefix(token):
+    assert tokens.token_prefix(token) is None
