@@ -53,6 +53,16 @@ def is_reference_key(key: str) -> bool:
     return key.lower().endswith(REFERENCE_SUFFIXES)
 
 
+def _storable_text(text: str, where: str) -> None:
+    """PostgreSQL's jsonb cannot hold NUL, and no database can hold half a surrogate pair."""
+    if "\x00" in text:
+        raise InputRejected(where, "contains a NUL character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputRejected(where, "is not valid Unicode (an unpaired surrogate)") from None
+
+
 def _check(value: Any, path: str, depth: int) -> None:
     if depth > MAX_DEPTH:
         raise InputRejected(path or "input", f"nested deeper than {MAX_DEPTH} levels")
@@ -60,6 +70,7 @@ def _check(value: Any, path: str, depth: int) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise InputRejected(path or "input", "object keys must be strings")
+            _storable_text(key, path or "input")
             where = f"{path}.{key}" if path else key
             if is_reference_key(key):
                 if not (isinstance(item, str) and REFERENCE_NAME.match(item)):
@@ -80,6 +91,7 @@ def _check(value: Any, path: str, depth: int) -> None:
         for index, item in enumerate(value):
             _check(item, f"{path}[{index}]", depth + 1)
     elif isinstance(value, str):
+        _storable_text(value, path or "input")
         if CREDENTIAL_VALUE.search(value):
             raise InputRejected(path or "input", "the value looks like a secret; pass a reference")
     elif isinstance(value, float):

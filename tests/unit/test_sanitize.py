@@ -49,6 +49,9 @@ def test_secret_looking_values__are_refused_under_any_key(value):
         ({"when": object()}, "not a JSON value"),
         ({"x": float("nan")}, "NaN"),
         ({1: "x"}, "keys must be strings"),
+        ({"note": "a\x00b"}, "NUL character"),  # PostgreSQL jsonb refuses \u0000
+        ({"a\x00": 1}, "NUL character"),
+        ({"note": "\ud800"}, "unpaired surrogate"),
     ],
 )
 def test_non_json_input__is_refused(value, message):
