@@ -45,4 +45,10 @@ def reach(name: str) -> None:
         _counts[name] = _counts.get(name, 0) + 1
         hit = _counts[name] == nth
     if hit:
-        os.kill(os.getpid(), signal.SIGSTOP if action == "stop" else signal.SIGKILL)
+        if action == "stop":
+            # To this thread, not the process: a process-directed SIGSTOP waits
+            # for the main thread to take it, and on a busy machine the caller
+            # ran on for several more units first. The whole process stops either way.
+            signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+        else:
+            os.kill(os.getpid(), signal.SIGKILL)
