@@ -32,7 +32,7 @@ class RecoveryEventAdmin(ReadOnlyAdmin):
                     "username", "ipv4", "ipv6", "job_id"]  # fmt: skip
     list_filter = ["severity", "done", "deleted_data", "source"]
     search_fields = ["type", "detail", "db"]
-    ordering = ["-recorded_at", "-id"]
+    ordering = ["-id"]  # newest first, served by the primary key
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False  # an audit history: retention, if ever, is a job, not a click

@@ -40,7 +40,7 @@ from durable.operations import JobContext, Operation, Unit, register
 
 from .models import EventType, IngestCursor, RecoveryEvent
 from .parsing import SKIP_LABELS, Chunk
-from .policy import Position, Verdict, ingest_report, line_key, plan_start, verdict
+from .policy import Position, Verdict, ingest_report, line_prefix, plan_start, verdict
 from .records import advance_cursor, cursor_for, insert_lines, position_of
 from .tailer import MIN_BATCH_BYTES, NotAFile, OpenFile, find_rotated
 
@@ -246,17 +246,16 @@ class IngestRecoveryEvents(Operation):
             result["note"] = batch.note
         if chunk is None:
             return result
-        generation = batch.after.generation
-        events = [
-            (line_key(batch.tag, generation, offset, crc), event)
-            for offset, crc, event in chunk.events
-        ]
-        inserted = insert_lines(events, recorded_at=timezone.now())
+        inserted = insert_lines(
+            chunk.events,
+            prefix=line_prefix(batch.tag, batch.after.generation),
+            recorded_at=timezone.now(),
+        )
         result.update(
             start=chunk.offset,
             lines=chunk.lines,
             imported=inserted,
-            duplicates=len(events) - inserted,
+            duplicates=len(chunk.events) - inserted,
             skipped=dict(chunk.skipped),
             first_skipped=dict(chunk.first_skipped),
             ips_dropped=chunk.ips_dropped,

@@ -60,16 +60,21 @@ def path_tag(path: str) -> str:
     return hashlib.sha256(path.encode("utf-8", "surrogateescape")).hexdigest()[:10]
 
 
-def line_key(tag: str, generation: int, offset: int, crc: int) -> str:
+def line_prefix(tag: str, generation: int) -> str:
+    return f"{tag}:{generation:x}:"
+
+
+def line_key(prefix: str, offset: int, crc: int) -> str:
     """The identity of one imported line, unique in the database.
 
-    ``generation`` changes whenever the path starts a new file (truncated,
-    rewritten, rotated, replaced), so the same offset in a new file is a new
-    line; ``crc`` (of the file up to the end of the line) changes with any
-    byte before it, so even a lost cursor can never make a new line look
-    imported while a faithful replay of the same bytes still matches.
+    ``prefix`` names the file and its generation, which changes whenever the
+    path starts a new file (truncated, rewritten, rotated, replaced), so the
+    same offset in a new file is a new line. ``crc`` is the line's own CRC-32:
+    even if the cursor were lost, a line that is not the one imported at that
+    offset never looks imported, while a faithful replay still matches.
+    Zero-padded, so one file's keys sort in file order (cheap index appends).
     """
-    return f"{tag}:{generation}:{offset}:{crc:08x}"
+    return f"{prefix}{offset:012x}:{crc:08x}"
 
 
 def fingerprint(data: bytes) -> str:

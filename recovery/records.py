@@ -3,18 +3,20 @@
 ``record_event`` and ``record_security`` are best-effort by design: an audit
 write must never throw into (or undo) the action it reports, so both log and
 swallow every error — database errors included — and return None.
-``insert_lines`` is the ingest's bulk path: one multi-row statement per batch,
-``ON CONFLICT DO NOTHING`` on the line identity.
+``insert_lines`` is the ingest's bulk path: multi-row ``INSERT … ON CONFLICT
+DO NOTHING`` on the line identity, on the driver's own cursor.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -127,8 +129,8 @@ def _columns(event: LineEvent) -> dict[str, Any]:
         "username": event.username,
         "ipv4": event.ipv4,
         "ipv6": event.ipv6,
-        "object_ids": event.object_ids,
-        "object_titles": event.object_titles,
+        "object_ids": list(event.object_ids) or None,
+        "object_titles": list(event.object_titles) or None,
         "object_count": event.object_count,
         "ts": event.ts,
     }
@@ -217,6 +219,7 @@ def record_security(
 
 # --- the ingest's bulk path -------------------------------------------------------------------
 
+# A line's columns, in LineEvent's field order, then the two the ingest adds.
 _LINE_COLUMNS = (
     "type",
     "severity",
@@ -236,36 +239,107 @@ _LINE_COLUMNS = (
     "recorded_at",
     "source_line",
 )
-# Columns a line never sets, with the value every other writer would give them.
+# Most lines only say type, severity, source, db, detail and ts. Binding just
+# those (and writing the rest as constants) halves the cost of inserting them.
+_PLAIN_COLUMNS = ("type", "severity", "source", "db", "detail", "ts", "recorded_at", "source_line")
+_PLAIN_CONSTANTS = {
+    "done": "NULL",
+    "deleted_data": "FALSE",
+    "user_id": "''",
+    "username": "''",
+    "ipv4": "NULL",
+    "ipv6": "NULL",
+    "object_ids": "NULL",
+    "object_titles": "NULL",
+    "object_count": "0",
+}
+# Columns a line never sets, with the value every other writer gives them.
 _LINE_CONSTANTS = {"operation": "''", "reason": "''", "reclaimed": "FALSE"}
-# Rows per statement: PostgreSQL takes at most 65,535 parameters per statement.
-_ROWS_PER_STATEMENT = 1000
-_EMPTY_LIST = "[]"
+# done, deleted_data, user_id, username, ipv4, ipv6 of a line that said none of them.
+_PLAIN_MIDDLE = (None, False, "", "", None, None)
+# Rows per INSERT: many rows per statement halve the per-row cost on both
+# databases, within each one's limit on parameters per statement.
+_ROWS_PER_STATEMENT = 500
+
+
+class _Shape:
+    """One INSERT … VALUES (…), (…) … ON CONFLICT DO NOTHING form, by number of rows."""
+
+    def __init__(self, table: str, columns: list[str], cells: list[str], max_params: int) -> None:
+        quote = connection.ops.quote_name
+        self.head = f"INSERT INTO {table} ({', '.join(quote(c) for c in columns)}) VALUES "
+        self.row = "(" + ", ".join(cells) + ")"
+        self.tail = f" ON CONFLICT ({quote('source_line')}) DO NOTHING"
+        bound = cells.count("?")
+        self.per_statement = max(1, min(_ROWS_PER_STATEMENT, max_params // bound))
+        self.full = self._build(self.per_statement)
+
+    def _build(self, rows: int) -> str:
+        return self.head + ", ".join([self.row] * rows) + self.tail
+
+    def statement(self, rows: int) -> str:
+        return self.full if rows == self.per_statement else self._build(rows)
 
 
 class _LineInsert:
     """The vendor-specific SQL of ``insert_lines``, built once per vendor."""
 
-    def __init__(self, vendor: str) -> None:
-        quote = connection.ops.quote_name
+    def __init__(self, vendor: str, max_params: int) -> None:
         self.pg = vendor == "postgresql"
-        table = quote(RecoveryEvent._meta.db_table)
-        names = ", ".join(quote(c) for c in (*_LINE_COLUMNS, *_LINE_CONSTANTS))
-        p = "%s" if self.pg else "?"
-        jsonb = f"{p}::jsonb" if self.pg else p
-        inet = f"{p}::inet" if self.pg else p
-        cells = [p] * len(_LINE_COLUMNS)
-        for column in ("ipv4", "ipv6"):
-            cells[_LINE_COLUMNS.index(column)] = inet
-        for column in ("object_ids", "object_titles"):
-            cells[_LINE_COLUMNS.index(column)] = jsonb
-        self.row_sql = "(" + ", ".join([*cells, *_LINE_CONSTANTS.values()]) + ")"
-        self.head = f"INSERT INTO {table} ({names}) VALUES "
-        self.tail = f" ON CONFLICT ({quote('source_line')}) DO NOTHING"
-        self.single = self.head + self.row_sql + self.tail
-        self.full_statement = (
-            self.head + ", ".join([self.row_sql] * _ROWS_PER_STATEMENT) + self.tail
+        table = connection.ops.quote_name(RecoveryEvent._meta.db_table)
+        if self.pg:
+            self.unnest = _unnest_statement(table)
+            return
+        # SQLite: multi-row VALUES, in two shapes (every column, or a plain line's).
+        self.full = _Shape(
+            table,
+            [*_LINE_COLUMNS, *_LINE_CONSTANTS],
+            ["?"] * len(_LINE_COLUMNS) + list(_LINE_CONSTANTS.values()),
+            max_params,
         )
+        constants = {**_PLAIN_CONSTANTS, **_LINE_CONSTANTS}
+        self.plain = _Shape(
+            table,
+            [*_PLAIN_COLUMNS, *constants],
+            ["?"] * len(_PLAIN_COLUMNS) + list(constants.values()),
+            max_params,
+        )
+
+
+# PostgreSQL: one statement per batch, each column passed as one array. Short
+# SQL (parsed and planned once), a handful of parameters, one round trip.
+_PG_ARRAYS = {
+    "type": "text",
+    "severity": "text",
+    "source": "text",
+    "db": "text",
+    "detail": "text",
+    "done": "bool",
+    "deleted_data": "bool",
+    "user_id": "text",
+    "username": "text",
+    "ipv4": "inet",
+    "ipv6": "inet",
+    "object_ids": "jsonb",
+    "object_titles": "jsonb",
+    "object_count": "int",
+    "ts": "timestamptz",
+    "source_line": "text",
+}
+
+
+def _unnest_statement(table: str) -> str:
+    quote = connection.ops.quote_name
+    arrays = ", ".join(f"%b::{kind}[]" for kind in _PG_ARRAYS.values())  # %b: binary format
+    names = ", ".join(_PG_ARRAYS)
+    columns = ", ".join(quote(c) for c in (*_PG_ARRAYS, "recorded_at", *_LINE_CONSTANTS))
+    values = ", ".join([*(f"u.{name}" for name in _PG_ARRAYS), "%s", *_LINE_CONSTANTS.values()])
+    # WITH ORDINALITY … ORDER BY: ids are drawn in file order.
+    return (
+        f"INSERT INTO {table} ({columns}) SELECT {values} "
+        f"FROM unnest({arrays}) WITH ORDINALITY AS u({names}, n) ORDER BY u.n "
+        f"ON CONFLICT ({quote('source_line')}) DO NOTHING"
+    )
 
 
 _inserts: dict[str, _LineInsert] = {}
@@ -274,82 +348,107 @@ _inserts: dict[str, _LineInsert] = {}
 def _line_insert() -> _LineInsert:
     vendor = connection.vendor
     if vendor not in _inserts:
-        _inserts[vendor] = _LineInsert(vendor)
+        limit = connection.features.max_query_params or 65_535
+        if vendor == "sqlite":  # Django assumes 999; this SQLite may allow more
+            connection.ensure_connection()
+            limit = connection.connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+        _inserts[vendor] = _LineInsert(vendor, limit)
     return _inserts[vendor]
 
 
-def line_rows(
-    events: Iterable[tuple[str, LineEvent]], recorded_at: datetime, *, pg: bool
-) -> list[tuple]:
-    """Parameter tuples in ``_LINE_COLUMNS`` order for (line identity, event) pairs."""
-    dumps = json.dumps
-    if pg:
-        recorded = recorded_at
-        adapt = None
-    else:
-        adapt = connection.ops.adapt_datetimefield_value
-        recorded = adapt(recorded_at)
-    rows = []
-    append = rows.append
-    for key, ev in events:
-        ids = dumps(ev.object_ids) if ev.object_ids else _EMPTY_LIST
-        titles = dumps(ev.object_titles) if ev.object_titles else _EMPTY_LIST
-        ts = ev.ts
-        if ts is not None and adapt is not None:
-            ts = adapt(ts)
-        append(
-            (
-                ev.type,
-                ev.severity,
-                ev.source,
-                ev.db,
-                ev.detail,
-                ev.done,
-                ev.deleted_data,
-                ev.user_id,
-                ev.username,
-                ev.ipv4,
-                ev.ipv6,
-                ids,
-                titles,
-                ev.object_count,
-                ts,
-                recorded,
-                key,
-            )
-        )
-    return rows
+def insert_lines(
+    events: Iterable[tuple[int, int, LineEvent]], *, prefix: str, recorded_at: datetime
+) -> int:
+    """Insert ingested lines ``(offset, line CRC, event)``; one already there is skipped.
 
-
-def insert_lines(events: Sequence[tuple[str, LineEvent]], *, recorded_at: datetime) -> int:
-    """Insert ingested lines; a line whose identity exists already is skipped.
-
-    Returns how many rows were new. Runs on the driver's own cursor inside the
-    caller's transaction: Django's cursor wrapper would cost as much as the
-    inserts themselves at a million lines.
+    ``prefix`` (``policy.line_prefix``) names the file and its generation; with
+    the offset and CRC it makes each line's unique identity. Rows go in file
+    order, so ids (and "newest first") follow the file. Returns how many rows
+    were new. Runs on the driver's own cursor inside the caller's transaction:
+    Django's cursor wrapper would cost as much as the inserts themselves.
     """
-    if not events:
-        return 0
     sql = _line_insert()
-    rows = line_rows(events, recorded_at, pg=sql.pg)
-    inserted = 0
+    if sql.pg:
+        return _insert_lines_pg(sql.unnest, events, prefix=prefix, recorded_at=recorded_at)
+    recorded = connection.ops.adapt_datetimefield_value(recorded_at)
+    dumps = json.dumps
     connection.ensure_connection()
     cursor = connection.connection.cursor()
-    try:
-        if not sql.pg:
-            cursor.executemany(sql.single, rows)
-            return max(cursor.rowcount, 0)
-        for start in range(0, len(rows), _ROWS_PER_STATEMENT):
-            part = rows[start : start + _ROWS_PER_STATEMENT]
-            if len(part) == _ROWS_PER_STATEMENT:
-                statement = sql.full_statement
-            else:
-                statement = sql.head + ", ".join([sql.row_sql] * len(part)) + sql.tail
-            cursor.execute(statement, [value for row in part for value in row])
+    inserted = 0
+    pending: list[Any] = []
+    pending_rows = 0
+    pending_shape = sql.plain
+
+    def flush() -> None:
+        nonlocal inserted, pending, pending_rows
+        if pending_rows:
+            cursor.execute(pending_shape.statement(pending_rows), pending)
             inserted += max(cursor.rowcount, 0)
+            pending, pending_rows = [], 0
+
+    try:
+        for offset, crc, event in events:
+            key = f"{prefix}{offset:012x}:{crc:08x}"  # policy.line_key, inlined
+            ts = event[14]
+            if ts is not None:
+                # Stored as Django stores it on SQLite: UTC text (parse_ts gives UTC).
+                if ts.tzinfo is not UTC:
+                    ts = ts.astimezone(UTC)
+                ts = str(ts.replace(tzinfo=None))
+            plain = event[5:11] == _PLAIN_MIDDLE and not event[11] and not event[12]
+            shape = sql.plain if plain else sql.full
+            if shape is not pending_shape or pending_rows == shape.per_statement:
+                flush()
+                pending_shape = shape
+            if plain:
+                pending += (*event[:5], ts, recorded, key)
+            else:
+                ids = dumps(list(event[11])) if event[11] else None
+                titles = dumps(list(event[12])) if event[12] else None
+                pending += (*event[:11], ids, titles, event[13], ts, recorded, key)
+            pending_rows += 1
+        flush()
     finally:
         cursor.close()
     return inserted
+
+
+def _insert_lines_pg(
+    statement: str,
+    events: Iterable[tuple[int, int, LineEvent]],
+    *,
+    prefix: str,
+    recorded_at: datetime,
+) -> int:
+    columns: list[list[Any]] = [[] for _ in _PG_ARRAYS]
+    (types, severities, sources, dbs, details, dones, deleteds, user_ids, usernames, ipv4s,
+     ipv6s, ids, titles, counts, stamps, keys) = columns  # fmt: skip
+    dumps = json.dumps
+    for offset, crc, event in events:
+        types.append(event[0])
+        severities.append(event[1])
+        sources.append(event[2])
+        dbs.append(event[3])
+        details.append(event[4])
+        dones.append(event[5])
+        deleteds.append(event[6])
+        user_ids.append(event[7])
+        usernames.append(event[8])
+        ipv4s.append(event[9])
+        ipv6s.append(event[10])
+        ids.append(dumps(list(event[11])) if event[11] else None)
+        titles.append(dumps(list(event[12])) if event[12] else None)
+        counts.append(event[13])
+        stamps.append(event[14])
+        keys.append(f"{prefix}{offset:012x}:{crc:08x}")  # policy.line_key, inlined
+    if not keys:
+        return 0
+    connection.ensure_connection()
+    # A server-side-binding cursor: Django's own (client-side binding) would
+    # render every array as a literal in Python.
+    with psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(statement, [recorded_at, *columns])  # in the SQL's order
+        return max(cursor.rowcount, 0)
 
 
 # --- the ingest's cursor ------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from django.utils import timezone
 from durable.models import Job, UnitResult
 from recovery.models import EventType, IngestCursor, RecoveryEvent
 from recovery.parsing import parse_line
-from recovery.policy import Position, line_key
+from recovery.policy import Position, line_key, line_prefix
 from recovery.receivers import enqueue_ingest
 from recovery.records import advance_cursor, cursor_for, insert_lines, position_of
 
@@ -293,13 +293,22 @@ def test_ingest__a_directory_fails_with_a_clear_reason(tmp_path):
 
 
 def test_insert_lines__a_replayed_batch_inserts_nothing():
-    parsed = parse_line(b'{"type": "backup-created"}')
-    batch = [(line_key("tag", 0, offset, 99), parsed) for offset in (0, 30, 60)]
+    plain = parse_line(b'{"type": "backup-created"}')
+    full = parse_line(b'{"type": "restore-backup", "done": false, "boardIds": ["b1"]}')
+    batch = [(0, 11, plain), (30, 12, full), (60, 13, plain)]
     now = timezone.now()
-    assert insert_lines(batch, recorded_at=now) == 3
-    assert insert_lines(batch, recorded_at=now) == 0  # the unique line identity holds
-    assert insert_lines([*batch, (line_key("tag", 0, 90, 99), parsed)], recorded_at=now) == 1
-    assert RecoveryEvent.objects.count() == 4
+    prefix = line_prefix("tag", 0)
+    assert insert_lines(batch, prefix=prefix, recorded_at=now) == 3
+    assert insert_lines(batch, prefix=prefix, recorded_at=now) == 0  # the line identity holds
+    assert insert_lines([*batch, (90, 14, full)], prefix=prefix, recorded_at=now) == 1
+    assert insert_lines(batch, prefix=line_prefix("tag", 1), recorded_at=now) == 3
+    assert RecoveryEvent.objects.count() == 7
+    # Rows keep file order whatever their shape: ids follow offsets.
+    keys = list(RecoveryEvent.objects.order_by("id").values_list("source_line", flat=True))
+    assert keys[:4] == [
+        line_key(prefix, at, crc) for at, crc in ((0, 11), (30, 12), (60, 13), (90, 14))
+    ]
+    assert RecoveryEvent.objects.get(source_line=keys[1]).object_ids == ["b1"]
 
 
 def test_ingest__a_lost_cursor_replays_the_file_without_duplicates(events_file):

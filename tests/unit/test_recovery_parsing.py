@@ -52,7 +52,7 @@ def test_parse_line__the_spec_example():
     assert parsed.detail == "Backed up wekan.sqlite to backup/"
     assert parsed.ts == datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
     assert parsed.done is None  # not said: the report shows it as done
-    assert (parsed.object_ids, parsed.object_titles, parsed.object_count) == ([], [], 0)
+    assert (list(parsed.object_ids), list(parsed.object_titles), parsed.object_count) == ([], [], 0)
 
 
 @pytest.mark.parametrize(
@@ -253,8 +253,8 @@ def test_parse_chunk__offsets_crcs_and_the_unfinished_last_line():
     assert chunk.crc == zlib.crc32(data[:complete])
     assert chunk.lines == 4
     assert [at for at, _, _ in chunk.events] == [1000, 1000 + len(EXAMPLE) + 11]
-    first_crc = chunk.events[0][1]
-    assert first_crc == zlib.crc32(EXAMPLE + b"\n")  # the file up to the end of the line
+    # Each line's own CRC (the second line ends in CR: a line's bytes are what it is).
+    assert [crc for _, crc, _ in chunk.events] == [zlib.crc32(EXAMPLE), zlib.crc32(EXAMPLE + b"\r")]
     assert dict(chunk.skipped) == {"blank": 1, "malformed_json": 1}
     assert chunk.first_skipped == {
         "blank": 1000 + len(EXAMPLE) + 1,
@@ -270,6 +270,7 @@ def test_parse_chunk__crc_continues_from_the_previous_chunk():
     second = parse_chunk(data[half:], offset=half, crc=first.crc)
     assert second.crc == whole.crc
     assert [e[:2] for e in first.events + second.events] == [e[:2] for e in whole.events]
+    assert first.events[0][1] == second.events[0][1]  # same bytes, same line CRC
 
 
 def test_parse_chunk__max_lines_bounds_a_unit():
@@ -357,15 +358,24 @@ def test_parse_line__any_json_object_gives_a_clean_event_or_a_reason(obj):
         assert parsed in (Skip.NO_TYPE, Skip.TOO_LONG)
 
 
-@given(st.lists(st.binary(max_size=60) | st.just(EXAMPLE), max_size=20), st.integers(1, 50))
-def test_parse_chunk__accounts_for_every_complete_line_exactly_once(pieces, max_lines):
+@given(
+    st.lists(st.binary(max_size=60) | st.just(EXAMPLE), max_size=20),
+    st.integers(1, 50),
+    st.booleans(),
+)
+def test_parse_chunk__accounts_for_every_line_exactly_once(pieces, max_lines, final):
     data = b"\n".join(pieces)
-    chunk = parse_chunk(data, offset=0, crc=0, max_lines=max_lines)
+    chunk = parse_chunk(data, offset=0, crc=0, max_lines=max_lines, final=final)
     consumed = data[: chunk.consumed]
-    assert consumed == b"" or consumed.endswith(b"\n")
-    assert chunk.lines == consumed.count(b"\n") <= max_lines
+    if chunk.consumed < len(data):
+        assert consumed == b"" or consumed.endswith(b"\n")  # stopped at a line's end
+        assert not final or chunk.lines == max_lines  # a rotated file is read to its end
+    unterminated = consumed != b"" and not consumed.endswith(b"\n")
+    assert chunk.lines == consumed.count(b"\n") + unterminated <= max_lines
     assert len(chunk.events) + sum(chunk.skipped.values()) == chunk.lines
     assert chunk.crc == zlib.crc32(consumed)
-    for offset, _, parsed in chunk.events:
+    for offset, crc, parsed in chunk.events:
         assert offset == 0 or data[offset - 1 : offset] == b"\n"
+        end = data.find(b"\n", offset)
+        assert crc == zlib.crc32(data[offset : end if end >= 0 else len(data)])
         assert_fit_for_the_database(parsed)

@@ -19,6 +19,7 @@ from recovery.policy import (
     ingest_report,
     ingest_unique_key,
     line_key,
+    line_prefix,
     normalise_cwe,
     plan_start,
     tally,
@@ -65,12 +66,17 @@ def test_ingest_unique_key__bounded_for_long_paths():
 
 
 def test_line_key__changes_with_every_part_of_the_identity():
-    base = line_key("t", 0, 100, 0xABC)
-    assert base == "t:0:100:00000abc"
-    others = {line_key("u", 0, 100, 0xABC), line_key("t", 1, 100, 0xABC)}
-    others |= {line_key("t", 0, 101, 0xABC), line_key("t", 0, 100, 0xABD)}
+    base = line_key(line_prefix("t", 0), 100, 0xABC)
+    assert base == "t:0:000000000064:00000abc"
+    others = {line_key(line_prefix("u", 0), 100, 0xABC), line_key(line_prefix("t", 1), 100, 0xABC)}
+    others |= {line_key(line_prefix("t", 0), 101, 0xABC), line_key(line_prefix("t", 0), 100, 0xABD)}
     assert base not in others
-    assert len(line_key("0123456789", 4_000_000_000, 10**12, 0xFFFFFFFF)) <= 64
+    assert len(line_key(line_prefix("0123456789", 4_000_000_000), 10**12, 0xFFFFFFFF)) <= 64
+
+
+def test_line_key__sorts_in_file_order():
+    keys = [line_key(line_prefix("t", 2), offset, 0) for offset in (9, 10, 4096, 10**9)]
+    assert keys == sorted(keys)
 
 
 # --- where to resume ----------------------------------------
