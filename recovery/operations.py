@@ -127,10 +127,10 @@ class IngestRecoveryEvents(Operation):
             ) from None
         except NotAFile as exc:
             raise NonRetryable(str(exc)) from None
-        cursor = cursor_for(path)
-        expected = position_of(cursor)
-        stage = self._stager(ctx, cursor, path)
         try:
+            cursor = cursor_for(path)
+            expected = position_of(cursor)
+            stage = self._stager(ctx, cursor, path)
             if handle is None:
                 ctx.event("nothing_to_import", f"{path} does not exist (yet)")
                 yield stage(expected, expected, summary_of="missing")

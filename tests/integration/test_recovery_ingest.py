@@ -214,6 +214,22 @@ def test_ingest__a_line_longer_than_a_batch_is_skipped_across_reads(events_file)
     assert summary(job)["skipped"] == {"too_long": 1}
 
 
+def test_ingest__a_runaway_partial_line_is_not_reread_on_every_run(events_file):
+    write(events_file, jsonl({"type": "before"}) + b'{"type": "x", "detail": "' + b"z" * 50_000)
+    first = ingest(events_file, batch_bytes=16 * 1024)
+    cursor = IngestCursor.objects.get(path=str(events_file))
+    assert cursor.skipping  # known too long, consumed, waiting for its end
+    assert cursor.offset == events_file.stat().st_size
+    assert summary(first)["skipped"] == {}
+    write(events_file, b"z" * 10_000)  # the writer goes on...
+    again = ingest(events_file, batch_bytes=16 * 1024)
+    assert [unit["start"] for unit in line_units(again)] == [cursor.offset]  # only new bytes
+    write(events_file, b'"}\n' + jsonl({"type": "after"}))  # ...and finally ends the line
+    last = ingest(events_file, batch_bytes=16 * 1024)
+    assert summary(last)["skipped"] == {"too_long": 1}
+    assert types() == ["before", "after"]
+
+
 # --- a file that changed under us ----------------------------------------
 
 
@@ -241,14 +257,17 @@ def test_ingest__rotation_finishes_the_old_file_then_reads_the_new_one(events_fi
     write(events_file, jsonl({"type": "old-1"}, {"type": "old-2"}))
     ingest(events_file)
     write(events_file, jsonl({"type": "old-3"}))  # written just before the rotation
+    write(events_file, b'{"type": "old-4"}')  # its last line never got its newline
     events_file.rename(events_file.with_name("recovery-events.jsonl.1"))
     write(events_file, jsonl({"type": "new-1"}, {"type": "new-2"}))
     job = ingest(events_file)
-    assert types() == ["old-1", "old-2", "old-3", "new-1", "new-2"]
+    assert types() == ["old-1", "old-2", "old-3", "old-4", "new-1", "new-2"]
     assert "rotated" in report().detail
     assert any("recovery-events.jsonl.1" in note for note in summary(job)["notes"])
+    write(events_file, jsonl({"type": "new-3"}))
     ingest(events_file)  # and the next run simply continues in the new file
-    assert len(types()) == 5
+    assert types()[-2:] == ["new-2", "new-3"]
+    assert len(types()) == 7
 
 
 def test_ingest__replacement_with_an_identical_first_line_is_a_new_file(events_file):
