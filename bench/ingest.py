@@ -150,45 +150,50 @@ def main() -> None:
     work = BASE_DIR / "var" / "bench-ingest"
     work.mkdir(parents=True, exist_ok=True)
     big, small = work / "big.jsonl", work / "small.jsonl"
-    started = time.perf_counter()
-    valid = write_lines(big, 0, args.lines, mode="w")
-    valid += write_lines(small, 0, args.small, mode="w")
-    size = big.stat().st_size
-    print(
-        f"file: {args.lines:,} lines, {size / 1e6:,.1f} MB "
-        f"({size / args.lines:.0f} B/line), written in {time.perf_counter() - started:.1f} s"
-    )
+    try:
+        started = time.perf_counter()
+        valid = write_lines(big, 0, args.lines, mode="w")
+        valid += write_lines(small, 0, args.small, mode="w")
+        size = big.stat().st_size
+        print(
+            f"file: {args.lines:,} lines, {size / 1e6:,.1f} MB "
+            f"({size / args.lines:.0f} B/line), written in {time.perf_counter() - started:.1f} s"
+        )
 
-    elapsed, cpu, job = ingest(big)
-    results = UnitResult.objects.filter(job=job, key="summary").values_list("result", flat=True)
-    summary = results[0]["summary"]
-    rows = RecoveryEvent.objects.filter(source_line__isnull=False).count()
-    print(
-        f"full import: {elapsed:.2f} s = {args.lines / elapsed:,.0f} lines/s "
-        f"({summary['imported']:,} imported, {sum(summary['skipped'].values()):,} skipped, "
-        f"{job.units_done} units); target >= 100,000 lines/s on SQLite"
-    )
-    print(
-        f"  CPU time of this process: {cpu:.2f} s = {args.lines / cpu:,.0f} lines per CPU-second "
-        f"(wall time includes waiting for the CPU and, on PostgreSQL, for the server)"
-    )
-    if rows != summary["imported"]:
-        raise SystemExit(f"{rows} rows for {summary['imported']} imported lines")
+        elapsed, cpu, job = ingest(big)
+        results = UnitResult.objects.filter(job=job, key="summary").values_list("result", flat=True)
+        summary = results[0]["summary"]
+        rows = RecoveryEvent.objects.filter(source_line__isnull=False).count()
+        print(
+            f"full import: {elapsed:.2f} s = {args.lines / elapsed:,.0f} lines/s "
+            f"({summary['imported']:,} imported, {sum(summary['skipped'].values()):,} skipped, "
+            f"{job.units_done} units); target >= 100,000 lines/s on SQLite"
+        )
+        print(
+            f"  CPU time of this process: {cpu:.2f} s = {args.lines / cpu:,.0f} lines per "
+            "CPU-second (wall time also waits for the CPU and, on PostgreSQL, the server)"
+        )
+        if rows != summary["imported"]:
+            raise SystemExit(f"{rows} rows for {summary['imported']} imported lines")
 
-    ingest(small)
-    big_times, more = append_rounds(big, args.lines, args.append, args.rounds)
-    small_times, even_more = append_rounds(small, args.small, args.append, args.rounds)
-    valid += more + even_more
-    big_median, small_median = statistics.median(big_times), statistics.median(small_times)
-    print(
-        f"{args.append} appended lines: {big_median * 1000:.1f} ms after {args.lines:,} lines, "
-        f"{small_median * 1000:.1f} ms after {args.small} lines (medians of {args.rounds}); "
-        f"ratio {big_median / small_median:.2f} (target <= 2)"
-    )
-    imported = RecoveryEvent.objects.filter(source_line__isnull=False).count()
-    if imported != valid:
-        raise SystemExit(f"{imported:,} lines imported, {valid:,} expected")
-    report_queries()
+        ingest(small)
+        big_times, more = append_rounds(big, args.lines, args.append, args.rounds)
+        small_times, even_more = append_rounds(small, args.small, args.append, args.rounds)
+        valid += more + even_more
+        big_median, small_median = statistics.median(big_times), statistics.median(small_times)
+        print(
+            f"{args.append} appended lines: {big_median * 1000:.1f} ms after {args.lines:,} lines, "
+            f"{small_median * 1000:.1f} ms after {args.small} lines (medians of {args.rounds}); "
+            f"ratio {big_median / small_median:.2f} (target <= 2)"
+        )
+        imported = RecoveryEvent.objects.filter(source_line__isnull=False).count()
+        if imported != valid:
+            raise SystemExit(f"{imported:,} lines imported, {valid:,} expected")
+        report_queries()
+
+    finally:  # 170 MB of scratch data
+        big.unlink(missing_ok=True)
+        small.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
