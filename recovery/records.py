@@ -3,8 +3,9 @@
 ``record_event`` and ``record_security`` are best-effort by design: an audit
 write must never throw into (or undo) the action it reports, so both log and
 swallow every error — database errors included — and return None.
-``insert_lines`` is the ingest's bulk path: multi-row ``INSERT … ON CONFLICT
-DO NOTHING`` on the line identity, on the driver's own cursor.
+``insert_lines`` is the ingest's bulk path — ``INSERT … ON CONFLICT DO
+NOTHING`` on the line identity, multi-row on SQLite and one ``unnest()`` of
+column arrays on PostgreSQL, on the driver's own cursor.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-import psycopg
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -395,7 +395,7 @@ def insert_lines(
                 if ts.tzinfo is not UTC:
                     ts = ts.astimezone(UTC)
                 ts = str(ts.replace(tzinfo=None))
-            plain = event[5:11] == _PLAIN_MIDDLE and not event[11] and not event[12]
+            plain = event[5:11] == _PLAIN_MIDDLE and not (event[11] or event[12] or event[13])
             shape = sql.plain if plain else sql.full
             if shape is not pending_shape or pending_rows == shape.per_statement:
                 flush()
@@ -443,6 +443,8 @@ def _insert_lines_pg(
         keys.append(f"{prefix}{offset:012x}:{crc:08x}")  # policy.line_key, inlined
     if not keys:
         return 0
+    import psycopg  # only ever needed on PostgreSQL
+
     connection.ensure_connection()
     # A server-side-binding cursor: Django's own (client-side binding) would
     # render every array as a literal in Python.

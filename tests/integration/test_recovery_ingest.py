@@ -330,6 +330,13 @@ def test_insert_lines__a_replayed_batch_inserts_nothing():
     assert RecoveryEvent.objects.get(source_line=keys[1]).object_ids == ["b1"]
 
 
+def test_insert_lines__an_object_count_without_usable_objects_is_kept():
+    odd = parse_line(b'{"type": "x", "objects": [1, 2, 3]}')
+    insert_lines([(0, 1, odd)], prefix=line_prefix("t", 0), recorded_at=timezone.now())
+    event = RecoveryEvent.objects.get()
+    assert (event.object_count, event.object_ids) == (3, None)
+
+
 def test_ingest__a_lost_cursor_replays_the_file_without_duplicates(events_file):
     write(events_file, jsonl(*({"type": "backup-created", "detail": str(n)} for n in range(20))))
     ingest(events_file)
