@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -145,12 +144,14 @@ def test_two_ingests_of_one_file__the_late_one_notices_and_imports_nothing_twice
 
 
 RECORDER = """
-import os, sys, time
+import sys, time
+from pathlib import Path
 import django
 django.setup()
 from recovery.records import record_security
-n, me, start_at = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
-while time.time() < start_at:
+n, me, gate = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+(gate.parent / f"ready-{me}").touch()
+while not gate.exists():  # all four start recording together
     time.sleep(0.005)
 for i in range(n):
     assert record_security(category="ssrf", key="webhook.url", cwe=918, source="test",
@@ -158,13 +159,13 @@ for i in range(n):
 """
 
 
-def test_security_upsert__four_processes_at_once_lose_no_count(workers):
+def test_security_upsert__four_processes_at_once_lose_no_count(workers, tmp_path):
     per_process = 40
-    start_at = time.time() + 3.0  # every process set up and waiting by then
+    gate = tmp_path / "go"
     env = workers.env()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", RECORDER, str(per_process), f"p{n}", str(start_at)],
+            [sys.executable, "-c", RECORDER, str(per_process), f"p{n}", str(gate)],
             cwd=BASE_DIR,
             env=env,
             stdout=subprocess.PIPE,
@@ -172,6 +173,10 @@ def test_security_upsert__four_processes_at_once_lose_no_count(workers):
         )
         for n in range(4)
     ]
+    try:
+        wait_until(lambda: len(list(tmp_path.glob("ready-*"))) == 4, timeout=60)
+    finally:
+        gate.touch()  # never leave a recorder waiting
     for proc in procs:
         output, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, output.decode()
