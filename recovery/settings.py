@@ -220,3 +220,17 @@ LOGGING = {
         },
     },
 }
+
+# --- Recovery and Security events (README: "Recovery and Security events") -----
+
+# The JSONL file launch scripts append to. Empty: WEKAN_FERRETDB_SQLITE_DIR,
+# FERRETDB_SQLITE_DIR or WEKAN_SQLITE_DIR plus /recovery-events.jsonl; none set
+# means no automatic ingest.
+RECOVERY_EVENTS_FILE = os.environ.get("RECOVERY_EVENTS_FILE", "")
+# Seconds between a worker's looks at the file (0 = only when a worker starts).
+RECOVERY_INGEST_INTERVAL = float(os.environ.get("RECOVERY_INGEST_INTERVAL", "60"))
+LOGGING["loggers"]["recovery"] = {
+    "handlers": ["stderr"],
+    "level": os.environ.get("LOG_LEVEL", "INFO"),
+    "propagate": False,
+}

@@ -1,0 +1,307 @@
+"""Decisions of the recovery app as pure functions: no ORM, no clock reads, no file I/O.
+
+- where ``recovery-events.jsonl`` is (``events_file_path``);
+- where an ingest resumes in a file that may have grown, been truncated,
+  rewritten, rotated or replaced since the last run (``verdict``, ``plan_start``);
+- when a worker's heartbeat should look at the file again (``ingest_due``);
+- the capped per-actor tally of a Security summary row (``tally``);
+- the one-paragraph report of an ingest run (``ingest_report``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any
+
+from durable.policy import truncate_utf8
+
+EVENTS_FILE_NAME = "recovery-events.jsonl"
+# WeKan's launch scripts write the file into the SQLite data directory; these
+# are the variables they read it from, in the order WeKan itself tries them.
+WEKAN_DIR_VARIABLES = ("WEKAN_FERRETDB_SQLITE_DIR", "FERRETDB_SQLITE_DIR", "WEKAN_SQLITE_DIR")
+
+HEAD_BYTES = 4096  # fingerprint: the file's first bytes (up to what was read)
+TAIL_BYTES = 256  # and the bytes just before the resume offset
+MAX_ACTORS = 50
+MAX_ACTOR_CHARS = 150
+UNIQUE_KEY_PREFIX = "recovery-ingest:"
+
+
+# --- where the file is ----------------------------------------------------------------
+
+
+def events_file_path(configured: str | None, environ: Mapping[str, str]) -> str | None:
+    """``RECOVERY_EVENTS_FILE`` if set, else the WeKan data directory plus the file name."""
+    if configured and configured.strip():
+        return os.path.abspath(os.path.expanduser(configured.strip()))
+    for name in WEKAN_DIR_VARIABLES:
+        directory = (environ.get(name) or "").strip()
+        if directory:
+            return os.path.abspath(os.path.join(os.path.expanduser(directory), EVENTS_FILE_NAME))
+    return None
+
+
+def ingest_unique_key(path: str) -> str:
+    """At most one unfinished ingest per file, however many workers ask for one."""
+    key = UNIQUE_KEY_PREFIX + path
+    if len(key) <= 255:
+        return key
+    return UNIQUE_KEY_PREFIX + "sha256:" + hashlib.sha256(path.encode()).hexdigest()
+
+
+def path_tag(path: str) -> str:
+    """A short stable name for the file in every imported line's identity."""
+    return hashlib.sha256(path.encode("utf-8", "surrogateescape")).hexdigest()[:10]
+
+
+def line_prefix(tag: str, generation: int) -> str:
+    return f"{tag}:{generation:x}:"
+
+
+def line_key(prefix: str, offset: int, crc: int) -> str:
+    """The identity of one imported line, unique in the database.
+
+    ``prefix`` names the file and its generation, which changes whenever the
+    path starts a new file (truncated, rewritten, rotated, replaced), so the
+    same offset in a new file is a new line. ``crc`` is the line's own CRC-32:
+    even if the cursor were lost, a line that is not the one imported at that
+    offset never looks imported, while a faithful replay still matches.
+    Zero-padded, so one file's keys sort in file order (cheap index appends).
+    """
+    return f"{prefix}{offset:012x}:{crc:08x}"
+
+
+def fingerprint(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
+EMPTY_FINGERPRINT = fingerprint(b"")
+
+
+# --- where to resume ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Position:
+    """How far the ingest has read the file at its path: the persisted cursor.
+
+    ``file_id`` is ``"device:inode"`` ("" before anything was read). ``head``
+    fingerprints bytes ``[0, min(offset, HEAD_BYTES))`` and ``tail`` the
+    ``TAIL_BYTES`` before ``offset``; ``crc`` is the CRC-32 of ``[0, offset)``.
+    ``skipping`` means ``offset`` is inside an over-long line being discarded.
+    """
+
+    file_id: str = ""
+    generation: int = 0
+    offset: int = 0
+    head: str = EMPTY_FINGERPRINT
+    tail: str = EMPTY_FINGERPRINT
+    crc: int = 0
+    skipping: bool = False
+
+    def as_checkpoint(self) -> dict[str, Any]:
+        return {
+            "file": self.file_id,
+            "generation": self.generation,
+            "offset": self.offset,
+            "head": self.head,
+            "tail": self.tail,
+            "crc": self.crc,
+            "skipping": self.skipping,
+        }
+
+    def restart(self, file_id: str) -> Position:
+        """A new file at the path: read it from its first byte, as a new generation."""
+        return Position(file_id=file_id, generation=self.generation + 1)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a file shows where ``Position`` says we stopped.
+
+    ``head``/``tail`` are the fingerprints of the same byte ranges as the
+    position's, or None when the file is too short to have them.
+    """
+
+    file_id: str
+    size: int
+    head: str | None
+    tail: str | None
+
+
+class Verdict(StrEnum):
+    FIRST = "first"  # nothing read from this path yet
+    CONTINUE = "continue"  # the same file, grown or not: read on from the offset
+    TRUNCATED = "truncated"  # the same file, now shorter than what was read
+    REWRITTEN = "rewritten"  # the same file, but the bytes already read changed
+    REPLACED = "replaced"  # another file at the path: rotated or replaced
+
+
+def verdict(saved: Position, probe: Probe) -> Verdict:
+    if saved.offset == 0 and not saved.skipping:
+        return Verdict.FIRST
+    if probe.file_id != saved.file_id:
+        return Verdict.REPLACED
+    if probe.size < saved.offset:
+        return Verdict.TRUNCATED
+    if probe.head != saved.head or probe.tail != saved.tail:
+        return Verdict.REWRITTEN
+    return Verdict.CONTINUE
+
+
+@dataclass(frozen=True)
+class Plan:
+    verdict: Verdict
+    start: Position
+    note: str = ""
+
+
+def plan_start(
+    saved: Position,
+    probe: Probe,
+    *,
+    drained_rotated: bool = False,
+    prefix_crc: int | None = None,
+) -> Plan:
+    """Where to read the file now at the path.
+
+    The caller has already finished the old file if it was rotated away and
+    still exists beside the path (``drained_rotated``). A file that replaced
+    the old one but starts with exactly the bytes already read (same size or
+    longer, same fingerprints, same CRC of the whole prefix — a writer that
+    rewrites the file through a temporary copy) is read on from the offset;
+    any other new or changed file is read from its start as a new generation,
+    so nothing is imported twice and nothing new is mistaken for old.
+    """
+    found = verdict(saved, probe)
+    if found is Verdict.FIRST:
+        start = replace(saved, file_id=probe.file_id, offset=0, skipping=False)
+        return Plan(found, start)
+    if found is Verdict.CONTINUE:
+        return Plan(found, saved)
+    if found is Verdict.TRUNCATED:
+        note = f"the file was truncated (now {probe.size:,} bytes, {saved.offset:,} were read)"
+        return Plan(found, saved.restart(probe.file_id), note)
+    if found is Verdict.REWRITTEN:
+        return Plan(found, saved.restart(probe.file_id), "the file was rewritten in place")
+    if drained_rotated:
+        note = "the file was rotated; the rest of the old file was read first"
+        return Plan(found, saved.restart(probe.file_id), note)
+    same_prefix = (
+        probe.size >= saved.offset
+        and probe.head == saved.head
+        and probe.tail == saved.tail
+        and prefix_crc == saved.crc
+    )
+    if same_prefix:
+        note = f"the file was replaced by one with the same first {saved.offset:,} bytes"
+        return Plan(found, replace(saved, file_id=probe.file_id), note)
+    return Plan(found, saved.restart(probe.file_id), "the file was replaced by a new one")
+
+
+def signature(file_id: str, size: int, mtime_ns: int) -> str:
+    """What a heartbeat compares to decide whether the file changed since the last ingest."""
+    return f"{file_id}:{size}:{mtime_ns}"
+
+
+# --- when to look again ------------------------------------------------------------------------
+
+
+def ingest_due(now: float, next_due: float | None, interval: float) -> tuple[bool, float | None]:
+    """(look now?, next time to look) on a monotonic clock; ``interval`` ≤ 0 disables."""
+    if interval <= 0:
+        return False, None
+    if next_due is None or now >= next_due:
+        return True, now + interval
+    return False, next_due
+
+
+# --- Security summary rows ----------------------------------------------------------------------
+
+_CWE = re.compile(r"^\s*(?:cwe)?[-_ ]?(\d{1,5})\s*$", re.IGNORECASE)
+
+
+def normalise_cwe(value: Any) -> str:
+    """``918``, ``"CWE-918"``, ``"cwe918"`` → ``"CWE-918"``; other text kept, bounded."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 100_000:
+        return f"CWE-{value}"
+    if not isinstance(value, str):
+        return ""
+    match = _CWE.match(value)
+    if match:
+        return f"CWE-{int(match.group(1))}"
+    return value.strip()[:16]
+
+
+def tally(counts: Mapping[str, int] | None, actor: str, cap: int = MAX_ACTORS) -> tuple[dict, int]:
+    """Count one more for ``actor``: (new tally, overflow increment).
+
+    The first ``cap`` distinct actors are counted by name; later ones only add
+    to the overflow, so an attack from a million addresses costs ``cap``
+    entries, not a million.
+    """
+    result = dict(counts or {})
+    if not actor:
+        return result, 0
+    actor = actor[:MAX_ACTOR_CHARS]
+    if actor in result:
+        result[actor] += 1
+        return result, 0
+    if len(result) < cap:
+        result[actor] = 1
+        return result, 0
+    return result, 1
+
+
+# --- reporting ------------------------------------------------------------------------------
+
+
+def bounded_json(value: Any, limit: int = 2048) -> Any:
+    """``value`` if its JSON fits in ``limit`` bytes, else a marked, truncated text of it."""
+    try:
+        encoded = json.dumps(value, default=str, ensure_ascii=False)
+    except (TypeError, ValueError):
+        encoded = repr(value)
+    if len(encoded.encode()) <= limit:
+        return value
+    return {"truncated": truncate_utf8(encoded, limit - 32)}
+
+
+def ingest_report(
+    path: str,
+    *,
+    imported: int,
+    lines: int,
+    skipped: Mapping[str, int],
+    first_skipped: Mapping[str, int],
+    ips_dropped: int,
+    notes: list[str],
+    labels: Mapping[str, str],
+) -> tuple[str, str] | None:
+    """(severity, detail) of an ingest run worth telling an operator about, else None.
+
+    Blank lines alone are not worth an event; malformed lines, dropped
+    addresses and a rotated/truncated/replaced file are.
+    """
+    problems = {reason: n for reason, n in skipped.items() if n and reason != "blank"}
+    if not problems and not ips_dropped and not notes:
+        return None
+    parts = [f"Imported {imported:,} of {lines:,} lines from {path}."]
+    if problems:
+        total = sum(problems.values())
+        reasons = ", ".join(
+            f"{n:,} {labels.get(reason, reason)} (first at byte {first_skipped.get(reason, 0):,})"
+            for reason, n in sorted(problems.items())
+        )
+        parts.append(f"Skipped {total:,}: {reasons}.")
+    if ips_dropped:
+        parts.append(f"Dropped {ips_dropped:,} invalid IP address(es).")
+    parts.extend(note[:1].upper() + note[1:] + "." for note in notes)
+    severity = "warning" if problems or ips_dropped else "info"
+    return severity, " ".join(parts)

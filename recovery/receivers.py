@@ -1,0 +1,265 @@
+"""What ``recovery`` does when the engine announces something (``durable.signals``).
+
+The engine never imports this app; ``RecoveryConfig.ready()`` connects these.
+Every receiver is best-effort: the signals are sent with ``send_robust`` after
+the engine's own transaction committed, and the record functions swallow
+their own errors, so nothing here can undo or block the engine.
+
+The two worker receivers start the ingest of ``recovery-events.jsonl``: once
+when a worker starts, then every ``RECOVERY_INGEST_INTERVAL`` seconds while it
+runs, and only if the file changed since the last ingest. ``unique_key``
+keeps it to one unfinished ingest per file however many workers ask.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+
+from durable import signals
+from durable.errors import DurableError
+from durable.jobs import enqueue
+from durable.models import Job
+
+from .models import EventType, IngestCursor
+from .parsing import MAX_DETAIL_BYTES
+from .policy import events_file_path, ingest_due, ingest_unique_key, signature
+from .records import record_event, record_security
+
+log = logging.getLogger("recovery.receivers")
+
+INGEST_OPERATION = "recovery.ingest"
+
+
+# --- the ingest ---------------------------------------------------------------------------
+
+
+def configured_events_file() -> str | None:
+    """``RECOVERY_EVENTS_FILE``, else the WeKan data directory variables (see README)."""
+    return events_file_path(getattr(settings, "RECOVERY_EVENTS_FILE", ""), os.environ)
+
+
+def enqueue_ingest(path: str, *, owner: str = "worker") -> Job:
+    """Ask for an ingest of ``path``; returns the unfinished one if there is one already.
+
+    The single place that enqueues it, so a future schedule can call just this.
+    """
+    return enqueue(
+        INGEST_OPERATION, {"path": path}, owner=owner, unique_key=ingest_unique_key(path)
+    )
+
+
+def file_changed(path: str) -> bool:
+    """True if ``path`` exists and differs from what the last ingest saw (a stat and a query)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    now = signature(f"{info.st_dev}:{info.st_ino}", info.st_size, info.st_mtime_ns)
+    seen = IngestCursor.objects.filter(path=path).values_list("seen", flat=True).first()
+    return seen != now
+
+
+def ingest_if_changed(owner: str) -> Job | None:
+    """The automatic ingest: quietly nothing when no file is configured or it is unchanged."""
+    path = configured_events_file()
+    if path is None or not file_changed(path):
+        return None
+    try:
+        job = enqueue_ingest(path, owner=owner)
+    except DurableError:
+        log.exception("could not enqueue the recovery-events ingest", extra={"path": path})
+        return None
+    if job.created:
+        log.info("recovery-events ingest enqueued", extra={"job": job.pk, "path": path})
+    return job
+
+
+class _Clock:
+    """When this process should next look at the file (monotonic seconds)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.next_due: float | None = None
+
+    def due(self, now: float, interval: float) -> bool:
+        with self.lock:
+            look, self.next_due = ingest_due(now, self.next_due, interval)
+            return look
+
+
+_clock = _Clock()
+
+
+def ingest_interval() -> float:
+    return float(getattr(settings, "RECOVERY_INGEST_INTERVAL", 60.0))
+
+
+def on_worker_started(sender: Any, *, worker_id: str = "", **kwargs: Any) -> None:
+    _clock.due(time.monotonic(), ingest_interval())  # the next look is an interval away
+    ingest_if_changed(owner=f"worker {worker_id}"[:150])
+
+
+def on_worker_heartbeat(sender: Any, *, worker_id: str = "", **kwargs: Any) -> None:
+    # Runs every lease/3 seconds in every worker: a clock check unless due.
+    if _clock.due(time.monotonic(), ingest_interval()):
+        ingest_if_changed(owner=f"worker {worker_id}"[:150])
+
+
+# --- what the engine reports ----------------------------------------------------------------
+
+
+def _iso(moment: datetime | None) -> str:
+    return moment.isoformat(timespec="seconds") if isinstance(moment, datetime) else "—"
+
+
+def on_job_reclaimed(
+    sender: Any,
+    *,
+    job_id: int,
+    operation: str = "",
+    previous_owner: str = "",
+    policy: str = "",
+    outcome: str = "",
+    old_state: str = "",
+    new_state: str = "",
+    checkpoint: Any = None,
+    attempt: int | None = None,
+    next_attempt_at: datetime | None = None,
+    reason: str = "",
+    **kwargs: Any,
+) -> None:
+    detail = (
+        f"Job {job_id} ({operation}) was taken back from worker {previous_owner or '?'}, "
+        f"which stopped while running it. on_restart={policy}: {old_state} → {new_state}; "
+        f"attempt {attempt}; checkpoint {checkpoint!r}."
+    )
+    record_event(
+        EventType.JOB_RECLAIMED,
+        severity="warning",
+        source="worker",
+        detail=detail[:MAX_DETAIL_BYTES],
+        done=True,
+        job_id=job_id,
+        operation=operation,
+        checkpoint=checkpoint,
+        attempt=attempt,
+        next_retry_at=next_attempt_at,
+        reason=reason,
+        reclaimed=True,
+    )
+
+
+def on_job_needs_attention(
+    sender: Any,
+    *,
+    job_id: int,
+    operation: str = "",
+    state: str = "",
+    cause: str = "",
+    reason: str = "",
+    checkpoint: Any = None,
+    attempt: int | None = None,
+    next_attempt_at: datetime | None = None,
+    **kwargs: Any,
+) -> None:
+    failed = state == "failed"
+    detail = (
+        f"Job {job_id} ({operation}) is {state} ({cause}) after attempt {attempt}, "
+        f"at checkpoint {checkpoint!r}; next retry {_iso(next_attempt_at)}. {reason}"
+    )
+    record_event(
+        EventType.JOB_FAILED if failed else EventType.JOB_PAUSED,
+        severity="error" if failed else "warning",
+        source="worker",
+        detail=detail[:MAX_DETAIL_BYTES],
+        done=False,
+        job_id=job_id,
+        operation=operation,
+        checkpoint=checkpoint,
+        attempt=attempt,
+        next_retry_at=next_attempt_at,
+        reason=reason,
+        reclaimed=cause == "server_restarted",
+    )
+
+
+def on_security_refusal(
+    sender: Any,
+    *,
+    category: str = "",
+    key: str = "",
+    detail: str = "",
+    severity: str = "warning",
+    cwe: str | int = "",
+    source: str = "",
+    user_id: str | int = "",
+    username: str = "",
+    ip: str | None = None,
+    **kwargs: Any,
+) -> None:
+    record_security(
+        category=category,
+        key=key,
+        detail=detail,
+        severity=severity,
+        cwe=cwe,
+        source=source,
+        user_id=user_id,
+        username=username,
+        ip=ip,
+        stream=kwargs.get("stream") or "security",
+    )
+
+
+_EVENT_ARGUMENTS = frozenset(
+    {
+        "severity",
+        "detail",
+        "db",
+        "source",
+        "done",
+        "deleted_data",
+        "user_id",
+        "username",
+        "ip",
+        "ipv4",
+        "ipv6",
+        "object_ids",
+        "object_titles",
+        "ts",
+        "job_id",
+        "operation",
+        "checkpoint",
+        "attempt",
+        "next_retry_at",
+        "reason",
+    }
+)
+
+
+def on_recovery_event(sender: Any, *, type: str = "", **kwargs: Any) -> None:
+    """An operation's report (e.g. ``backup-created``); unknown arguments are ignored."""
+    arguments = {name: value for name, value in kwargs.items() if name in _EVENT_ARGUMENTS}
+    arguments.setdefault("source", "worker")
+    record_event(type, **arguments)
+
+
+def connect() -> None:
+    """Called once from ``RecoveryConfig.ready()``; ``dispatch_uid`` makes repeats harmless."""
+    pairs = [
+        (signals.job_reclaimed, on_job_reclaimed),
+        (signals.job_needs_attention, on_job_needs_attention),
+        (signals.security_refusal, on_security_refusal),
+        (signals.recovery_event, on_recovery_event),
+        (signals.worker_started, on_worker_started),
+        (signals.worker_heartbeat, on_worker_heartbeat),
+    ]
+    for signal, receiver in pairs:
+        signal.connect(receiver, dispatch_uid=f"recovery.{receiver.__name__}")

@@ -1,0 +1,512 @@
+"""Writing Recovery and Security rows: the one place that does.
+
+``record_event`` and ``record_security`` are best-effort by design: an audit
+write must never throw into (or undo) the action it reports, so both log and
+swallow every error — database errors included — and return None.
+``insert_lines`` is the ingest's bulk path — ``INSERT … ON CONFLICT DO
+NOTHING`` on the line identity, multi-row on SQLite and one ``unnest()`` of
+column arrays on PostgreSQL, on the driver's own cursor.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from durable.policy import MAX_ERROR_MESSAGE_BYTES, truncate_utf8
+
+from .models import IngestCursor, RecoveryEvent, SecurityEvent
+from .parsing import (
+    LineEvent,
+    clean_detail,
+    clean_text,
+    event_from_mapping,
+    normalise_severity,
+    split_addresses,
+)
+from .policy import Position, bounded_json, normalise_cwe, path_tag, tally
+
+log = logging.getLogger("recovery.records")
+
+MAX_SECURITY_DETAIL_BYTES = 1024
+
+
+# --- Recovery events ------------------------------------------------------------------------
+
+
+def record_event(
+    type: str,
+    *,
+    severity: str = "info",
+    detail: str = "",
+    db: str = "",
+    source: str = "server",
+    done: bool | None = None,
+    deleted_data: bool = False,
+    user_id: str | int = "",
+    username: str = "",
+    ip: str | None = None,
+    ipv4: str | None = None,
+    ipv6: str | None = None,
+    object_ids: Sequence[Any] | None = None,
+    object_titles: Sequence[Any] | None = None,
+    ts: datetime | str | None = None,
+    job_id: int | None = None,
+    operation: str = "",
+    checkpoint: Any = None,
+    attempt: int | None = None,
+    next_retry_at: datetime | None = None,
+    reason: str = "",
+    reclaimed: bool = False,
+) -> RecoveryEvent | None:
+    """Record one Recovery event; normalised exactly like a line of the JSONL file.
+
+    Returns the row, or None if ``type`` is empty or the write failed (logged).
+    """
+    try:
+        fields = {
+            "type": type,
+            "severity": severity,
+            "detail": detail,
+            "db": db,
+            "source": source,
+            "done": done,
+            "deleted_data": deleted_data,
+            "user_id": user_id,
+            "username": username,
+            "ipv4": ipv4,
+            "ipv6": ipv6,
+            "ip": ip,
+            "object_ids": list(object_ids) if object_ids is not None else None,
+            "object_titles": list(object_titles) if object_titles is not None else None,
+            "ts": ts.isoformat() if isinstance(ts, datetime) else ts,
+        }
+        event = event_from_mapping(fields, default_source="server")
+        if event is None:
+            log.warning(
+                "recovery event without a type ignored", extra={"detail": str(detail)[:200]}
+            )
+            return None
+        row = RecoveryEvent(
+            **_columns(event),
+            recorded_at=timezone.now(),
+            job_id=job_id,
+            operation=clean_text(operation, 100),
+            checkpoint=bounded_json(checkpoint),
+            attempt=attempt,
+            next_retry_at=next_retry_at,
+            reason=truncate_utf8(
+                clean_text(reason, MAX_ERROR_MESSAGE_BYTES), MAX_ERROR_MESSAGE_BYTES
+            ),
+            reclaimed=bool(reclaimed),
+        )
+        with transaction.atomic():
+            row.save(force_insert=True)
+        return row
+    except Exception:
+        log.exception("could not record a recovery event", extra={"type": str(type)[:100]})
+        return None
+
+
+def _columns(event: LineEvent) -> dict[str, Any]:
+    return {
+        "type": event.type,
+        "severity": event.severity,
+        "source": event.source,
+        "db": event.db,
+        "detail": event.detail,
+        "done": event.done,
+        "deleted_data": event.deleted_data,
+        "user_id": event.user_id,
+        "username": event.username,
+        "ipv4": event.ipv4,
+        "ipv6": event.ipv6,
+        "object_ids": list(event.object_ids) or None,
+        "object_titles": list(event.object_titles) or None,
+        "object_count": event.object_count,
+        "ts": event.ts,
+    }
+
+
+# --- Security summary rows -------------------------------------------------------------------
+
+
+def security_identity(
+    *, category: str, key: str, source: str, severity: str, cwe: Any, stream: str
+) -> dict[str, str]:
+    return {
+        "stream": clean_text(stream, 40) or "security",
+        "category": clean_text(category, 64) or "unknown",
+        "key": clean_text(key, 128) or "unknown",
+        "source": clean_text(source, 64),
+        "severity": normalise_severity(severity),
+        "cwe": clean_text(normalise_cwe(cwe), 16),
+    }
+
+
+def record_security(
+    *,
+    category: str,
+    key: str,
+    detail: str = "",
+    severity: str = "warning",
+    cwe: str | int = "",
+    source: str = "",
+    user_id: str | int = "",
+    username: str = "",
+    ip: str | None = None,
+    stream: str = "security",
+) -> SecurityEvent | None:
+    """Count one more of this kind of refusal: one atomic upsert-and-increment.
+
+    ``INSERT … ON CONFLICT DO NOTHING`` makes sure the row exists, then the row
+    is locked (``SELECT … FOR UPDATE`` on PostgreSQL; SQLite's ``BEGIN
+    IMMEDIATE`` already serialises writers) and updated in the same
+    transaction, so concurrent recorders never lose a count. Never raises.
+    """
+    try:
+        identity = security_identity(
+            category=category, key=key, source=source, severity=severity, cwe=cwe, stream=stream
+        )
+        ipv4, ipv6, _ = split_addresses(ip)
+        if isinstance(user_id, int) and not isinstance(user_id, bool):
+            user_id = str(user_id)
+        user = clean_text(username, 150) or (
+            f"#{clean_text(user_id, 64)}" if clean_text(user_id, 64) else ""
+        )
+        address = ipv4 or ipv6 or ""
+        now = timezone.now()
+        with transaction.atomic():
+            SecurityEvent.objects.bulk_create(
+                [SecurityEvent(**identity, first_seen=now, last_seen=now)], ignore_conflicts=True
+            )
+            row = SecurityEvent.objects.select_for_update().get(**identity)
+            row.users, users_over = tally(row.users, user)
+            row.addresses, addresses_over = tally(row.addresses, address)
+            row.users_overflow += users_over
+            row.addresses_overflow += addresses_over
+            row.count += 1
+            row.last_seen = max(now, row.last_seen)
+            row.detail = truncate_utf8(clean_detail(detail), MAX_SECURITY_DETAIL_BYTES)
+            row.last_ipv4 = ipv4 or row.last_ipv4
+            row.last_ipv6 = ipv6 or row.last_ipv6
+            row.save(
+                update_fields=[
+                    "users",
+                    "addresses",
+                    "users_overflow",
+                    "addresses_overflow",
+                    "count",
+                    "last_seen",
+                    "detail",
+                    "last_ipv4",
+                    "last_ipv6",
+                ]
+            )
+        return row
+    except Exception:
+        log.exception("could not record a security event", extra={"category": str(category)[:64]})
+        return None
+
+
+# --- the ingest's bulk path -------------------------------------------------------------------
+
+# A line's columns, in LineEvent's field order, then the two the ingest adds.
+_LINE_COLUMNS = (
+    "type",
+    "severity",
+    "source",
+    "db",
+    "detail",
+    "done",
+    "deleted_data",
+    "user_id",
+    "username",
+    "ipv4",
+    "ipv6",
+    "object_ids",
+    "object_titles",
+    "object_count",
+    "ts",
+    "recorded_at",
+    "source_line",
+)
+# Most lines only say type, severity, source, db, detail and ts. Binding just
+# those (and writing the rest as constants) halves the cost of inserting them.
+_PLAIN_COLUMNS = ("type", "severity", "source", "db", "detail", "ts", "recorded_at", "source_line")
+_PLAIN_CONSTANTS = {
+    "done": "NULL",
+    "deleted_data": "FALSE",
+    "user_id": "''",
+    "username": "''",
+    "ipv4": "NULL",
+    "ipv6": "NULL",
+    "object_ids": "NULL",
+    "object_titles": "NULL",
+    "object_count": "0",
+}
+# Columns a line never sets, with the value every other writer gives them.
+_LINE_CONSTANTS = {"operation": "''", "reason": "''", "reclaimed": "FALSE"}
+# done, deleted_data, user_id, username, ipv4, ipv6 of a line that said none of them.
+_PLAIN_MIDDLE = (None, False, "", "", None, None)
+# Rows per INSERT: many rows per statement halve the per-row cost on both
+# databases, within each one's limit on parameters per statement.
+_ROWS_PER_STATEMENT = 500
+
+
+class _Shape:
+    """One INSERT … VALUES (…), (…) … ON CONFLICT DO NOTHING form, by number of rows."""
+
+    def __init__(self, table: str, columns: list[str], cells: list[str], max_params: int) -> None:
+        quote = connection.ops.quote_name
+        self.head = f"INSERT INTO {table} ({', '.join(quote(c) for c in columns)}) VALUES "
+        self.row = "(" + ", ".join(cells) + ")"
+        self.tail = f" ON CONFLICT ({quote('source_line')}) DO NOTHING"
+        bound = cells.count("?")
+        self.per_statement = max(1, min(_ROWS_PER_STATEMENT, max_params // bound))
+        self.full = self._build(self.per_statement)
+
+    def _build(self, rows: int) -> str:
+        return self.head + ", ".join([self.row] * rows) + self.tail
+
+    def statement(self, rows: int) -> str:
+        return self.full if rows == self.per_statement else self._build(rows)
+
+
+class _LineInsert:
+    """The vendor-specific SQL of ``insert_lines``, built once per vendor."""
+
+    def __init__(self, vendor: str, max_params: int) -> None:
+        self.pg = vendor == "postgresql"
+        table = connection.ops.quote_name(RecoveryEvent._meta.db_table)
+        if self.pg:
+            self.unnest = _unnest_statement(table)
+            return
+        # SQLite: multi-row VALUES, in two shapes (every column, or a plain line's).
+        self.full = _Shape(
+            table,
+            [*_LINE_COLUMNS, *_LINE_CONSTANTS],
+            ["?"] * len(_LINE_COLUMNS) + list(_LINE_CONSTANTS.values()),
+            max_params,
+        )
+        constants = {**_PLAIN_CONSTANTS, **_LINE_CONSTANTS}
+        self.plain = _Shape(
+            table,
+            [*_PLAIN_COLUMNS, *constants],
+            ["?"] * len(_PLAIN_COLUMNS) + list(constants.values()),
+            max_params,
+        )
+
+
+# PostgreSQL: one statement per batch, each column passed as one array. Short
+# SQL (parsed and planned once), a handful of parameters, one round trip.
+_PG_ARRAYS = {
+    "type": "text",
+    "severity": "text",
+    "source": "text",
+    "db": "text",
+    "detail": "text",
+    "done": "bool",
+    "deleted_data": "bool",
+    "user_id": "text",
+    "username": "text",
+    "ipv4": "inet",
+    "ipv6": "inet",
+    "object_ids": "jsonb",
+    "object_titles": "jsonb",
+    "object_count": "int",
+    "ts": "timestamptz",
+    "source_line": "text",
+}
+
+
+def _unnest_statement(table: str) -> str:
+    quote = connection.ops.quote_name
+    arrays = ", ".join(f"%b::{kind}[]" for kind in _PG_ARRAYS.values())  # %b: binary format
+    names = ", ".join(_PG_ARRAYS)
+    columns = ", ".join(quote(c) for c in (*_PG_ARRAYS, "recorded_at", *_LINE_CONSTANTS))
+    values = ", ".join([*(f"u.{name}" for name in _PG_ARRAYS), "%s", *_LINE_CONSTANTS.values()])
+    # WITH ORDINALITY … ORDER BY: ids are drawn in file order.
+    return (
+        f"INSERT INTO {table} ({columns}) SELECT {values} "
+        f"FROM unnest({arrays}) WITH ORDINALITY AS u({names}, n) ORDER BY u.n "
+        f"ON CONFLICT ({quote('source_line')}) DO NOTHING"
+    )
+
+
+_inserts: dict[str, _LineInsert] = {}
+
+
+def _line_insert() -> _LineInsert:
+    vendor = connection.vendor
+    if vendor not in _inserts:
+        limit = connection.features.max_query_params or 65_535
+        if vendor == "sqlite":  # Django assumes 999; this SQLite may allow more
+            connection.ensure_connection()
+            limit = connection.connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+        _inserts[vendor] = _LineInsert(vendor, limit)
+    return _inserts[vendor]
+
+
+def insert_lines(
+    events: Iterable[tuple[int, int, LineEvent]], *, prefix: str, recorded_at: datetime
+) -> int:
+    """Insert ingested lines ``(offset, line CRC, event)``; one already there is skipped.
+
+    ``prefix`` (``policy.line_prefix``) names the file and its generation; with
+    the offset and CRC it makes each line's unique identity. Rows go in file
+    order, so ids (and "newest first") follow the file. Returns how many rows
+    were new. Runs on the driver's own cursor inside the caller's transaction:
+    Django's cursor wrapper would cost as much as the inserts themselves.
+    """
+    sql = _line_insert()
+    if sql.pg:
+        return _insert_lines_pg(sql.unnest, events, prefix=prefix, recorded_at=recorded_at)
+    recorded = connection.ops.adapt_datetimefield_value(recorded_at)
+    dumps = json.dumps
+    connection.ensure_connection()
+    cursor = connection.connection.cursor()
+    inserted = 0
+    pending: list[Any] = []
+    pending_rows = 0
+    pending_shape = sql.plain
+
+    def flush() -> None:
+        nonlocal inserted, pending, pending_rows
+        if pending_rows:
+            cursor.execute(pending_shape.statement(pending_rows), pending)
+            inserted += max(cursor.rowcount, 0)
+            pending, pending_rows = [], 0
+
+    try:
+        for offset, crc, event in events:
+            key = f"{prefix}{offset:012x}:{crc:08x}"  # policy.line_key, inlined
+            ts = event[14]
+            if ts is not None:
+                # Stored as Django stores it on SQLite: UTC text (parse_ts gives UTC).
+                if ts.tzinfo is not UTC:
+                    ts = ts.astimezone(UTC)
+                ts = str(ts.replace(tzinfo=None))
+            plain = event[5:11] == _PLAIN_MIDDLE and not (event[11] or event[12] or event[13])
+            shape = sql.plain if plain else sql.full
+            if shape is not pending_shape or pending_rows == shape.per_statement:
+                flush()
+                pending_shape = shape
+            if plain:
+                pending += (*event[:5], ts, recorded, key)
+            else:
+                ids = dumps(list(event[11])) if event[11] else None
+                titles = dumps(list(event[12])) if event[12] else None
+                pending += (*event[:11], ids, titles, event[13], ts, recorded, key)
+            pending_rows += 1
+        flush()
+    finally:
+        cursor.close()
+    return inserted
+
+
+def _insert_lines_pg(
+    statement: str,
+    events: Iterable[tuple[int, int, LineEvent]],
+    *,
+    prefix: str,
+    recorded_at: datetime,
+) -> int:
+    columns: list[list[Any]] = [[] for _ in _PG_ARRAYS]
+    (types, severities, sources, dbs, details, dones, deleteds, user_ids, usernames, ipv4s,
+     ipv6s, ids, titles, counts, stamps, keys) = columns  # fmt: skip
+    dumps = json.dumps
+    for offset, crc, event in events:
+        types.append(event[0])
+        severities.append(event[1])
+        sources.append(event[2])
+        dbs.append(event[3])
+        details.append(event[4])
+        dones.append(event[5])
+        deleteds.append(event[6])
+        user_ids.append(event[7])
+        usernames.append(event[8])
+        ipv4s.append(event[9])
+        ipv6s.append(event[10])
+        ids.append(dumps(list(event[11])) if event[11] else None)
+        titles.append(dumps(list(event[12])) if event[12] else None)
+        counts.append(event[13])
+        stamps.append(event[14])
+        keys.append(f"{prefix}{offset:012x}:{crc:08x}")  # policy.line_key, inlined
+    if not keys:
+        return 0
+    import psycopg  # only ever needed on PostgreSQL
+
+    connection.ensure_connection()
+    # A server-side-binding cursor: Django's own (client-side binding) would
+    # render every array as a literal in Python.
+    with psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(statement, [recorded_at, *columns])  # in the SQL's order
+        return max(cursor.rowcount, 0)
+
+
+# --- the ingest's cursor ------------------------------------------------------------------------
+
+
+def cursor_for(path: str) -> IngestCursor:
+    cursor, _ = IngestCursor.objects.get_or_create(
+        path=path,
+        defaults={"tag": path_tag(path), "head": Position().head, "tail": Position().tail},
+    )
+    return cursor
+
+
+def position_of(cursor: IngestCursor) -> Position:
+    return Position(
+        file_id=cursor.file_id,
+        generation=cursor.generation,
+        offset=cursor.offset,
+        head=cursor.head,
+        tail=cursor.tail,
+        crc=cursor.crc,
+        skipping=cursor.skipping,
+    )
+
+
+def advance_cursor(
+    cursor_id: int,
+    expected: Position,
+    new: Position,
+    *,
+    imported: int = 0,
+    skipped: int = 0,
+    seen: str | None = None,
+) -> bool:
+    """Move the cursor from ``expected`` to ``new``; False if another ingest moved it first."""
+    fields: dict[str, Any] = {
+        "file_id": new.file_id,
+        "generation": new.generation,
+        "offset": new.offset,
+        "head": new.head,
+        "tail": new.tail,
+        "crc": new.crc,
+        "skipping": new.skipping,
+        "updated_at": timezone.now(),
+    }
+    if imported:
+        fields["lines_imported"] = F("lines_imported") + imported
+    if skipped:
+        fields["lines_skipped"] = F("lines_skipped") + skipped
+    if seen is not None:
+        fields["seen"] = seen
+    updated = IngestCursor.objects.filter(
+        pk=cursor_id,
+        file_id=expected.file_id,
+        generation=expected.generation,
+        offset=expected.offset,
+        skipping=expected.skipping,
+    ).update(**fields)
+    return updated == 1

@@ -1,0 +1,197 @@
+"""The ingest and the Security upsert with real worker processes, killed for real.
+
+``transaction=True`` throughout: the workers (and recorders) are other
+processes with their own connections, so the test's rows must be committed
+and theirs must be visible here.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+
+from durable import jobs
+from durable.models import Job
+from recovery.models import IngestCursor, RecoveryEvent, SecurityEvent
+from recovery.receivers import enqueue_ingest
+from tests.conftest import BASE_DIR, wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def append(path: Path, *events: dict, tail: bytes = b"") -> None:
+    with open(path, "ab") as handle:
+        handle.write(b"".join(json.dumps(event).encode() + b"\n" for event in events) + tail)
+
+
+def numbered(start: int, stop: int) -> list[dict]:
+    return [{"type": "backup-created", "detail": f"line {n}"} for n in range(start, stop)]
+
+
+def imported_details() -> Counter:
+    rows = RecoveryEvent.objects.filter(source_line__isnull=False)
+    return Counter(rows.values_list("detail", flat=True))
+
+
+def assert_each_once(expected: int) -> None:
+    details = imported_details()
+    assert details == Counter(f"line {n}" for n in range(expected))
+    keys = RecoveryEvent.objects.filter(source_line__isnull=False).values_list("source_line")
+    assert len(set(keys)) == expected
+
+
+def test_worker__imports_lines_appended_while_it_runs(workers, tmp_path):
+    path = tmp_path / "recovery-events.jsonl"
+    append(path, *numbered(0, 3))
+    env = {"RECOVERY_EVENTS_FILE": str(path), "RECOVERY_INGEST_INTERVAL": "0.2"}
+    worker = workers.start(env=env, lease=0.6)  # heartbeats every 0.2 s
+    wait_until(lambda: len(imported_details()) == 3, timeout=30)
+    append(path, *numbered(3, 5), tail=b'{"type": "backup-created", "detail": "li')
+    wait_until(lambda: len(imported_details()) == 5, timeout=30)
+    append(path, tail=b'ne 5"}\n')  # the writer finishes its line
+    wait_until(lambda: len(imported_details()) == 6, timeout=30)
+    assert worker.poll() is None, workers.log(worker)
+    assert_each_once(6)
+    ingests = Job.objects.filter(operation="recovery.ingest")
+    # One job per change seen, not one per heartbeat.
+    assert 3 <= ingests.count() <= 6
+    assert set(ingests.values_list("state", flat=True)) <= {"completed", "queued", "running"}
+
+
+@pytest.mark.parametrize(
+    ("fault", "committed_before_the_crash"),
+    [
+        ("after_unit:2", 3),  # batch 2 inserted, checkpoint not yet committed
+        ("after_checkpoint:2", 6),  # batch 2 committed with its checkpoint
+        ("before_complete:1", 10),  # everything committed, job not yet completed
+    ],
+)
+def test_worker_killed_mid_ingest__replay_never_duplicates(
+    workers, tmp_path, fault, committed_before_the_crash
+):
+    path = tmp_path / "recovery-events.jsonl"
+    append(path, *numbered(0, 10))
+    job = jobs.enqueue("recovery.ingest", {"path": str(path), "batch_lines": 3})
+    crashed = workers.run(faults=fault)
+    assert crashed.returncode == -signal.SIGKILL, workers.log(crashed)
+    assert len(imported_details()) == committed_before_the_crash
+    job.refresh_from_db()
+    assert job.state == "running"
+
+    restarted = workers.run()
+    assert restarted.returncode == 0, workers.log(restarted)
+    job.refresh_from_db()
+    assert job.state == "completed"
+    assert job.reclaims == 1
+    assert_each_once(10)
+    cursor = IngestCursor.objects.get(path=str(path))
+    assert (cursor.offset, cursor.lines_imported) == (path.stat().st_size, 10)
+
+
+def test_two_workers_ingesting_one_file__never_import_a_line_twice(workers, tmp_path):
+    path = tmp_path / "recovery-events.jsonl"
+    append(path, *numbered(0, 600))
+    # Two ingests of the same file at once (the unique key would normally
+    # prevent that; a second spelling of the path, or an operator, might not).
+    first = enqueue_ingest(str(path))
+    second = jobs.enqueue("recovery.ingest", {"path": str(path), "batch_lines": 20})
+    Job.objects.filter(pk=first.pk).update(input={**first.input, "batch_lines": 20})
+    procs = [workers.start(burst=True, lease=2.0) for _ in range(2)]
+    for proc in procs:
+        assert proc.wait(timeout=120) == 0, workers.log(proc)
+    assert set(Job.objects.values_list("state", flat=True)) == {"completed"}
+    assert {first.pk, second.pk} <= set(Job.objects.values_list("pk", flat=True))
+    assert_each_once(600)
+    assert IngestCursor.objects.get(path=str(path)).lines_imported == 600
+
+
+def proc_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as handle:
+        return handle.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_two_ingests_of_one_file__the_late_one_notices_and_imports_nothing_twice(workers, tmp_path):
+    path = tmp_path / "recovery-events.jsonl"
+    append(path, *numbered(0, 100))
+    late = jobs.enqueue("recovery.ingest", {"path": str(path), "batch_lines": 20})
+    # Worker A imports the first batch, then stops (SIGSTOP) right after that commit.
+    stalled = workers.start("--burst", faults="after_checkpoint:1:stop", lease=30)
+    wait_until(lambda: proc_state(stalled.pid) == "T")
+    assert len(imported_details()) == 20
+    # Meanwhile another ingest of the same file runs to the end on worker B.
+    other = jobs.enqueue("recovery.ingest", {"path": str(path), "batch_lines": 20})
+    assert workers.run(lease=30).returncode == 0
+    assert Job.objects.get(pk=other.pk).state == "completed"
+    assert len(imported_details()) == 100
+    # A wakes up holding a stale position: its next batch is refused, it rereads
+    # the cursor, finds nothing left, and completes.
+    os.kill(stalled.pid, signal.SIGCONT)
+    assert stalled.wait(timeout=60) == 0, workers.log(stalled)
+    late.refresh_from_db()
+    assert late.state == "completed"
+    assert late.events.filter(kind="rescheduled").exists()
+    assert late.attempts == 0  # a lost race is not a failed attempt
+    assert_each_once(100)
+
+
+RECORDER = """
+import sys, time
+from pathlib import Path
+import django
+django.setup()
+from recovery.records import record_security
+n, me, gate = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+(gate.parent / f"ready-{me}").touch()
+while not gate.exists():  # all four start recording together
+    time.sleep(0.005)
+for i in range(n):
+    assert record_security(category="ssrf", key="webhook.url", cwe=918, source="test",
+                           username=me, ip=f"192.0.2.{int(me[-1]) + 1}") is not None
+"""
+
+
+def test_security_upsert__four_processes_at_once_lose_no_count(workers, tmp_path):
+    per_process = 40
+    gate = tmp_path / "go"
+    env = workers.env()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RECORDER, str(per_process), f"p{n}", str(gate)],
+            cwd=BASE_DIR,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for n in range(4)
+    ]
+    try:
+        wait_until(lambda: len(list(tmp_path.glob("ready-*"))) == 4, timeout=60)
+    finally:
+        gate.touch()  # never leave a recorder waiting
+    for proc in procs:
+        output, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, output.decode()
+    row = SecurityEvent.objects.get()
+    assert row.count == 4 * per_process
+    assert row.users == {f"p{n}": per_process for n in range(4)}
+    assert sum(row.addresses.values()) == 4 * per_process
+
+
+def test_ingest_command__wait_runs_it_here_and_reports(tmp_path):
+    path = tmp_path / "recovery-events.jsonl"
+    append(path, *numbered(0, 4), tail=b"garbage\n")
+    out = io.StringIO()
+    call_command("ingest_recovery_events", str(path), "--wait", stdout=out)
+    text = out.getvalue()
+    assert "imported 4 of 5 new lines; skipped 1 malformed_json" in text
+    assert_each_once(4)
+    assert Job.objects.get(operation="recovery.ingest").state == "completed"
