@@ -13,6 +13,17 @@ from typing import Any
 import pytest
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+# A developer's own deployment settings must not leak into tests (a worker
+# started by a test would otherwise ingest the real recovery-events.jsonl).
+HOST_ONLY_VARIABLES = (
+    "RECOVERY_EVENTS_FILE",
+    "WEKAN_FERRETDB_SQLITE_DIR",
+    "FERRETDB_SQLITE_DIR",
+    "WEKAN_SQLITE_DIR",
+    "DURABLE_FAULTS",
+)
+for _name in HOST_ONLY_VARIABLES:
+    os.environ.pop(_name, None)
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
