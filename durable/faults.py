@@ -44,5 +44,13 @@ def reach(name: str) -> None:
     with _lock:
         _counts[name] = _counts.get(name, 0) + 1
         hit = _counts[name] == nth
-    if hit:
-        os.kill(os.getpid(), signal.SIGSTOP if action == "stop" else signal.SIGKILL)
+    if not hit:
+        return
+    if action == "stop":
+        # Directed at this thread, so this thread takes the stop on its way back
+        # from the system call. kill(getpid()) lets the kernel pick the main thread
+        # to start the group stop, and meanwhile this thread could run on into the
+        # next transaction and be stopped holding the database's write lock.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+    else:
+        os.kill(os.getpid(), signal.SIGKILL)
