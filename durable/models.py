@@ -214,3 +214,6 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return self.worker_id
+
+
+from . import external_models  # noqa: E402,F401 - registers the outbound HTTP, webhook, mail and credential models
