@@ -153,10 +153,12 @@ def test_gates__four_workers_hold_max_in_flight_and_min_spacing(workers, endpoin
     job_ids = list(Delivery.objects.values_list("job_id", flat=True))
     turned_away = JobEvent.objects.filter(job_id__in=job_ids, kind="rescheduled")
     reasons = " ".join(turned_away.values_list("message", flat=True))
+    # The in-flight gate certainly turned units away (1 s requests, >= 400 ms apart,
+    # K=2). Whether the spacing gate did depends on how quickly workers come back on a
+    # loaded machine; the server-side gaps above are its proof.
     assert "2 of 2 in flight" in reasons
-    assert "within 400 ms" in reasons
+    # No attempt was spent on being turned away, and more than one worker did the work.
     assert set(Job.objects.filter(pk__in=job_ids).values_list("attempts", flat=True)) == {0}
-    # …without spending a single attempt, and more than one worker did the work.
     started_by = JobEvent.objects.filter(job_id__in=job_ids, kind="started")
     assert len({e.data["worker"] for e in started_by}) >= 2
 

@@ -339,3 +339,16 @@ def test_publish__stores_nothing_when_nobody_listens():
     result = publish()
     assert (result.created, result.webhook_deliveries, result.mail_deliveries) == (False, [], [])
     assert not OutboundEvent.objects.exists()
+
+
+def test_mail__cancel_marks_the_record_and_sends_nothing(
+    recipient, smtp_server, django_capture_on_commit_callbacks
+):
+    publish()
+    mail = MailDelivery.objects.get()
+    with django_capture_on_commit_callbacks(execute=True):  # the engine signals after commit
+        assert jobs.cancel(mail.job_id, actor="ops").applied
+    mail.refresh_from_db()
+    assert mail.state == "cancelled"
+    assert drain(mail.job_id).state == "cancelled"
+    assert smtp_server.messages == []
