@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.db import models
 from django.http import HttpRequest
 
 from .models import Job, JobEvent, WorkerProcess
@@ -47,3 +48,80 @@ class JobAdmin(ReadOnlyAdmin):
 class WorkerProcessAdmin(ReadOnlyAdmin):
     list_display = ["worker_id", "hostname", "pid", "started_at", "heartbeat_at", "stopped_at"]
     ordering = ["-started_at"]
+
+
+# --- outbound HTTP, webhooks, mail, credentials ------------------------------------
+# Endpoints and mail recipients are configuration, edited here (they hold only a
+# secret's *name*). Deliveries, events, gates and credentials are read-only;
+# a credential's value or ciphertext is never shown.
+from .external_models import (  # noqa: E402 - kept with the admin classes that use them
+    Credential,
+    Delivery,
+    Endpoint,
+    GateSlot,
+    MailDelivery,
+    MailRecipient,
+    OutboundEvent,
+)
+
+
+@admin.register(Endpoint)
+class EndpointAdmin(admin.ModelAdmin):
+    list_display = ["name", "url", "event_filter", "provider", "enabled", "created_at"]
+    list_filter = ["enabled", "provider"]
+    search_fields = ["name", "url"]
+    fields = ["name", "url", "event_filter", "secret_ref", "provider", "enabled"]
+    # Django 6 assumes https for a URL typed without a scheme; say so now.
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
+
+
+@admin.register(MailRecipient)
+class MailRecipientAdmin(admin.ModelAdmin):
+    list_display = ["name", "email", "event_filter", "enabled", "created_at"]
+    list_filter = ["enabled"]
+    search_fields = ["name", "email"]
+    fields = ["name", "email", "event_filter", "enabled"]
+
+
+@admin.register(OutboundEvent)
+class OutboundEventAdmin(ReadOnlyAdmin):
+    list_display = ["id", "event_type", "event_id", "summary", "created_at"]
+    list_filter = ["event_type"]
+    search_fields = ["event_id", "event_type"]
+    ordering = ["-id"]
+    show_full_result_count = False
+
+
+@admin.register(Delivery)
+class DeliveryAdmin(ReadOnlyAdmin):
+    list_display = ["id", "event", "endpoint", "state", "status_code", "attempts",
+                    "delivered_at", "job_id", "idempotency_key"]  # fmt: skip
+    list_filter = ["state", "endpoint"]
+    search_fields = ["=idempotency_key", "=job_id"]
+    ordering = ["-id"]
+    show_full_result_count = False
+
+
+@admin.register(MailDelivery)
+class MailDeliveryAdmin(ReadOnlyAdmin):
+    list_display = ["id", "event", "address", "state", "possibly_duplicate", "guarantee",
+                    "send_attempts", "sent_at", "job_id"]  # fmt: skip
+    list_filter = ["state", "possibly_duplicate"]
+    search_fields = ["address", "=job_id"]
+    ordering = ["-id"]
+    show_full_result_count = False
+
+
+@admin.register(Credential)
+class CredentialAdmin(ReadOnlyAdmin):
+    list_display = ["name", "created_at", "updated_at"]
+    fields = ["name", "created_at", "updated_at"]  # never the ciphertext
+    search_fields = ["name"]
+    ordering = ["name"]
+
+
+@admin.register(GateSlot)
+class GateSlotAdmin(ReadOnlyAdmin):
+    list_display = ["provider", "holder", "acquired_at", "expires_at"]
+    list_filter = ["provider"]
+    ordering = ["-acquired_at"]

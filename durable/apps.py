@@ -12,5 +12,9 @@ class DurableConfig(AppConfig):
         # Built-in operations register themselves on import; so do those in
         # every installed app's ``operations`` module, as the admin does.
         from . import builtin  # noqa: F401
+        from .mail import operations as _mail  # noqa: F401
+        from .notify import connect_receivers
+        from .webhooks import operations as _webhooks  # noqa: F401
 
         autodiscover_modules("operations")
+        connect_receivers()

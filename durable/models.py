@@ -216,4 +216,6 @@ class WorkerProcess(models.Model):
         return self.worker_id
 
 
-from .api.models import Client, IdempotencyKey  # noqa: E402,F401 - registers the models
+# Models of the engine's sub-packages, registered with this app.
+from . import external_models  # noqa: E402,F401 - outbound HTTP, webhook, mail, credentials
+from .api.models import Client, IdempotencyKey  # noqa: E402,F401 - the HTTP API

@@ -6,6 +6,7 @@ DATABASE_URL.
 """
 
 import hashlib
+import json
 import os
 import secrets
 from pathlib import Path
@@ -203,6 +204,44 @@ DURABLE_API_STREAM_KEEPALIVE_SECONDS = float(
 )
 # Comma-separated operation names clients may submit; empty: every registered one.
 DURABLE_API_OPERATIONS = env_list("DURABLE_API_OPERATIONS", "") or None
+
+# --- External services: outbound HTTP, webhooks, mail, credentials (issue 3) -----
+# Every variable is in README ("Outbound HTTP", "Webhooks and mail", "Credentials").
+
+
+def env_json(name: str, default: str) -> dict:
+    try:
+        value = json.loads(os.environ.get(name) or default)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ImproperlyConfigured(f"{name} must be a JSON object")
+    return value
+
+
+# Per-provider limits for durable.http; keys and defaults in README. Example:
+# {"webhooks": {"total_timeout": 15, "max_in_flight": 4, "min_spacing_ms": 200}}
+DURABLE_HTTP_PROVIDERS = env_json("DURABLE_HTTP_PROVIDERS", "{}")
+# Hosts (names or IP literals, exactly as written in URLs) that may be reached
+# even though they resolve to private/loopback addresses. Empty: public only.
+DURABLE_HTTP_ALLOW_HOSTS = env_list("DURABLE_HTTP_ALLOW_HOSTS", "")
+# Fernet key(s) for the encrypted credential table; first encrypts, all decrypt.
+DURABLE_CREDENTIAL_KEY = os.environ.get("DURABLE_CREDENTIAL_KEY", "")
+# Publish jobs that need attention and error recovery events to webhooks/mail.
+DURABLE_NOTIFY_ENGINE_EVENTS = env_bool("DURABLE_NOTIFY_ENGINE_EVENTS", True)
+
+EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = int(os.environ.get("EMAIL_PORT", "25"))
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+# Django's default is no timeout at all: a stuck SMTP server would hang a unit.
+EMAIL_TIMEOUT = float(os.environ.get("EMAIL_TIMEOUT", "30"))
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "durable@localhost")
+# Credential reference for the SMTP password (resolved at send time, never stored in settings).
+DURABLE_MAIL_PASSWORD_REF = os.environ.get("DURABLE_MAIL_PASSWORD_REF", "")
+DURABLE_MAIL_SUBJECT_PREFIX = os.environ.get("DURABLE_MAIL_SUBJECT_PREFIX", "durable")
 
 # --- Logging ------------------------------------------------------------------
 

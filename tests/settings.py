@@ -4,6 +4,8 @@ Worker subprocesses started by the tests use these settings too, so they know
 the same operations.
 """
 
+import os
+
 from recovery.settings import *  # noqa: F403
 from recovery.settings import INSTALLED_APPS
 
@@ -15,3 +17,9 @@ STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
+
+# The encrypted credential table needs a key; worker subprocesses read this file too.
+# A fixed, test-only key (never used outside the test suite).
+DURABLE_CREDENTIAL_KEY = os.environ.get(
+    "DURABLE_CREDENTIAL_KEY", "q8m0Z2dKkqgYcEw3oKc9x5i9tqk5Xo3h1H2PvwKpS8s="
+)

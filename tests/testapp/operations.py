@@ -163,3 +163,23 @@ class Ticks(Operation):
     def run_unit(self, ctx: JobContext, unit: Unit) -> None:
         time.sleep(ctx.input.get("sleep", 0))
         ctx.event("tick", f"unit {unit.payload['index']}", index=unit.payload["index"])
+
+
+@register
+class HttpCalls(Operation):
+    """One ``durable.http`` GET per path in ``paths`` to provider ``provider`` (default "api")."""
+
+    name = "test.http_calls"
+    max_attempts = 4
+
+    def units(self, ctx: JobContext) -> Iterator[Unit]:
+        start = (ctx.checkpoint or {}).get("next", 0)
+        for index in range(start, len(ctx.input["paths"])):
+            yield Unit(key=f"call:{index}", payload=index, checkpoint={"next": index + 1})
+
+    def run_unit(self, ctx: JobContext, unit: Unit) -> dict[str, Any]:
+        from durable import http
+
+        url = ctx.input["base"] + ctx.input["paths"][unit.payload]
+        response = http.request(ctx, ctx.input.get("provider", "api"), "GET", url)
+        return {"status": response.status, "bytes": len(response.content)}

@@ -1,0 +1,136 @@
+"""Per-provider gates in the database: at most K requests in flight, at least S ms between starts.
+
+Every worker process on every machine passes the same gate, because the gate
+is a row: passing it is one short transaction that locks the provider's
+``ProviderGate`` row (PostgreSQL: ``SELECT … FOR UPDATE``; SQLite: the write
+lock every transaction takes with ``BEGIN IMMEDIATE``), drops expired slots,
+counts live ones, compares the last start with the database's clock, and
+records the new start and slot. A request that cannot pass is not blocked:
+the caller raises ``GateClosed`` (a ``RetryLater`` that spends no attempt) and
+the job is rescheduled for about when the gate should open.
+
+A worker that dies while its request is in flight leaves its slot behind;
+the slot expires after the provider's total timeout plus ``SLOT_MARGIN``.
+Because the client's deadline starts before the gate is passed and bounds
+the whole exchange, the dead worker's request cannot still be running then.
+
+Min spacing holds between *gate passes*, on the database clock. The request
+reaches the server a moment later (connect, write); that moment varies by
+a few milliseconds, so a server may see two starts slightly closer than S.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from .config import ProviderConfig
+from .errors import GateClosed
+from .models import GateSlot, ProviderGate
+
+SLOT_MARGIN = 10.0  # seconds beyond the total timeout before a slot counts as abandoned
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    passed: bool
+    retry_at: datetime | None = None
+    reason: str = ""
+
+
+def decide(
+    *,
+    now: datetime,
+    in_flight: int,
+    last_start: datetime | None,
+    max_in_flight: int,
+    min_spacing_ms: int,
+    retry_seconds: float,
+    rng: random.Random | None = None,
+) -> GateDecision:
+    """Pure: may a request start at ``now``? If not, when should its job look again.
+
+    The retry time is jittered so that the units turned away together do not
+    all come back at the same instant and collide again.
+    """
+    rng = rng or random.Random()
+    if max_in_flight and in_flight >= max_in_flight:
+        delay = retry_seconds * rng.uniform(0.5, 1.5)
+        return GateDecision(
+            False, now + timedelta(seconds=delay), f"{in_flight} of {max_in_flight} in flight"
+        )
+    if min_spacing_ms and last_start is not None:
+        spacing = timedelta(milliseconds=min_spacing_ms)
+        opens = last_start + spacing
+        if now < opens:
+            jitter = timedelta(milliseconds=min_spacing_ms * rng.uniform(0.0, 0.5))
+            return GateDecision(False, opens + jitter, f"within {min_spacing_ms} ms of the last")
+    return GateDecision(True)
+
+
+@dataclass(frozen=True)
+class GatePass:
+    provider: str
+    slot_id: int | None
+    started_at: datetime
+
+
+def _database_now() -> datetime:
+    """The clock every machine agrees on: PostgreSQL's; on SQLite (one machine) the process's."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT clock_timestamp()")
+            return cursor.fetchone()[0]
+    return timezone.now()
+
+
+def _locked_gate(provider: str) -> ProviderGate:
+    gate = ProviderGate.objects.select_for_update().filter(provider=provider).first()
+    if gate is not None:
+        return gate
+    try:
+        with transaction.atomic():
+            return ProviderGate.objects.create(provider=provider)
+    except IntegrityError:  # another process created it first
+        return ProviderGate.objects.select_for_update().get(provider=provider)
+
+
+def acquire(config: ProviderConfig, *, holder: str = "") -> GatePass:
+    """Pass the provider's gate or raise ``GateClosed`` with the time to try again."""
+    with transaction.atomic():
+        gate = _locked_gate(config.name)
+        now = _database_now()
+        live = GateSlot.objects.filter(provider=config.name)
+        live.filter(expires_at__lt=now).delete()
+        in_flight = live.count() if config.max_in_flight else 0
+        decision = decide(
+            now=now,
+            in_flight=in_flight,
+            last_start=gate.last_start_at,
+            max_in_flight=config.max_in_flight,
+            min_spacing_ms=config.min_spacing_ms,
+            retry_seconds=config.gate_retry_seconds,
+        )
+        if not decision.passed:
+            assert decision.retry_at is not None
+            raise GateClosed(
+                f"{config.name}: gate closed ({decision.reason})", at=decision.retry_at
+            )
+        slot_id = None
+        if config.max_in_flight:
+            expires = now + timedelta(seconds=config.total_timeout + SLOT_MARGIN)
+            slot_id = GateSlot.objects.create(
+                provider=config.name, holder=holder[:255], acquired_at=now, expires_at=expires
+            ).pk
+        ProviderGate.objects.filter(pk=gate.pk).update(last_start_at=now)
+    return GatePass(config.name, slot_id, now)
+
+
+def release(gate_pass: GatePass) -> None:
+    """Free the slot; if this fails (database gone), the slot simply expires."""
+    if gate_pass.slot_id is not None:
+        GateSlot.objects.filter(pk=gate_pass.slot_id).delete()

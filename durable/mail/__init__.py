@@ -1,0 +1,1 @@
+"""Notification mail: recipients, one delivery record per (event, recipient), at-least-once."""

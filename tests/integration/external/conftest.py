@@ -1,0 +1,192 @@
+"""Fixtures for the outbound tests: real local HTTP and SMTP servers, provider settings."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from durable.http import client as http_client
+
+from ..servers import BlackHole, HttpServer
+
+TEST_PROVIDER = "test"
+
+
+@pytest.fixture(autouse=True)
+def loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A safety net: if the SSRF guard ever broke, no test may connect beyond 127.0.0.1/::1."""
+    real = socket.create_connection
+
+    def guarded(address: tuple, *args: Any, **kwargs: Any) -> socket.socket:
+        host = address[0]
+        if not ipaddress.ip_address(host).is_loopback:
+            raise AssertionError(f"test tried to connect to {host}: only loopback is allowed")
+        return real(address, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "create_connection", guarded)
+
+
+@pytest.fixture
+def http_server() -> Iterator[HttpServer]:
+    server = HttpServer()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def black_hole() -> Iterator[BlackHole]:
+    hole = BlackHole()
+    try:
+        yield hole
+    finally:
+        hole.close()
+
+
+@pytest.fixture
+def provider(settings: Any) -> Callable[..., str]:
+    """Configure provider ``test`` (or ``name``) for this test; returns the provider name.
+
+    Defaults suit a local server: 127.0.0.1 allow-listed, short timeouts, fast backoff.
+    """
+    settings.DURABLE_HTTP_PROVIDERS = {}
+
+    def configure(name: str = TEST_PROVIDER, **keys: Any) -> str:
+        values = {
+            "allow_hosts": ["127.0.0.1"],
+            "connect_timeout": 2,
+            "total_timeout": 5,
+            "backoff_base": 0.05,
+            "backoff_max": 0.2,
+            "max_in_flight": 0,
+        }
+        values.update(keys)
+        settings.DURABLE_HTTP_PROVIDERS = {**settings.DURABLE_HTTP_PROVIDERS, name: values}
+        return name
+
+    return configure
+
+
+@pytest.fixture
+def make_client() -> Iterator[Callable[..., Any]]:
+    """``make_client("test", resolver=…)``: a client of its own, closed at teardown."""
+    from durable.http.client import HttpClient
+    from durable.http.config import provider_config
+
+    made: list[HttpClient] = []
+
+    def build(name: str = TEST_PROVIDER, **kwargs: Any) -> HttpClient:
+        made.append(HttpClient(provider_config(name), **kwargs))
+        return made[-1]
+
+    yield build
+    for client in made:
+        client.close()
+
+
+def provider_env(**providers: dict[str, Any]) -> dict[str, str]:
+    """Environment for worker subprocesses: the same provider settings as JSON."""
+    return {"DURABLE_HTTP_PROVIDERS": json.dumps(providers)}
+
+
+@pytest.fixture(autouse=True)
+def fresh_clients() -> Iterator[None]:
+    """Each test gets new long-lived clients (no pooled connection from a previous test)."""
+    yield
+    with http_client._clients_lock:
+        for existing in http_client._clients.values():
+            existing.close()
+        http_client._clients.clear()
+
+
+# --- SMTP -------------------------------------------------------------------------------
+
+
+@dataclass
+class Mail:
+    mail_from: str
+    rcpt_tos: list[str]
+    content: bytes
+    at: float
+
+    def header(self, name: str) -> str | None:
+        from email import message_from_bytes
+
+        return message_from_bytes(self.content).get(name)
+
+
+@dataclass
+class SmtpServer:
+    """aiosmtpd on 127.0.0.1, port 0, in its own event loop thread; ``replies`` scripts DATA."""
+
+    messages: list[Mail] = field(default_factory=list)
+    replies: list[str] = field(default_factory=list)  # e.g. "451 try later"; then "250 OK"
+    port: int = 0
+
+    def start(self) -> None:
+        from aiosmtpd.smtp import SMTP
+
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+
+        async def serve() -> Any:
+            return await self._loop.create_server(
+                lambda: SMTP(self, hostname="localhost", loop=self._loop), "127.0.0.1", 0
+            )
+
+        self._server = asyncio.run_coroutine_threadsafe(serve(), self._loop).result(10)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        if self.replies:
+            answer = self.replies.pop(0)
+            if not answer.startswith("250"):
+                return answer
+        self.messages.append(
+            Mail(envelope.mail_from, list(envelope.rcpt_tos), envelope.content, time.time())
+        )
+        return "250 OK"
+
+    def close(self) -> None:
+        async def stop() -> None:
+            self._server.close()
+            await self._server.wait_closed()
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+
+@pytest.fixture
+def smtp_server(settings: Any) -> Iterator[SmtpServer]:
+    server = SmtpServer()
+    server.start()
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST = "127.0.0.1"
+    settings.EMAIL_PORT = server.port
+    settings.EMAIL_TIMEOUT = 5
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def smtp_env(server: SmtpServer) -> dict[str, str]:
+    return {
+        "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+        "EMAIL_HOST": "127.0.0.1",
+        "EMAIL_PORT": str(server.port),
+        "EMAIL_TIMEOUT": "5",
+    }
