@@ -45,4 +45,8 @@ def reach(name: str) -> None:
         _counts[name] = _counts.get(name, 0) + 1
         hit = _counts[name] == nth
     if hit:
-        os.kill(os.getpid(), signal.SIGSTOP if action == "stop" else signal.SIGKILL)
+        # Directed at this thread: a process-directed SIGSTOP may be taken by
+        # another thread while this one runs on (and commits) for a moment.
+        signal.pthread_kill(
+            threading.get_ident(), signal.SIGSTOP if action == "stop" else signal.SIGKILL
+        )
