@@ -214,3 +214,6 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return self.worker_id
+
+
+from .builtin.models import Announcement, IntegrityScope, InventoryEntry  # noqa: E402,F401 - registers the models

@@ -185,6 +185,12 @@ DURABLE_POLL_INTERVAL = float(os.environ.get("DURABLE_POLL_INTERVAL", "1"))
 DURABLE_GRACE_SECONDS = float(os.environ.get("DURABLE_GRACE_SECONDS", "25"))
 DURABLE_MAX_INPUT_BYTES = int(os.environ.get("DURABLE_MAX_INPUT_BYTES", str(64 * 1024)))
 
+# --- Built-in operations: backup, restore, db.copy, integrity scans -------------
+
+# Where backup.database writes backups and restore.database reads them. A job
+# names a backup (one path component); it never passes a path of its own.
+DURABLE_BACKUP_DIR = Path(os.environ.get("DURABLE_BACKUP_DIR", VAR_DIR / "backups"))
+
 # --- Logging ------------------------------------------------------------------
 
 LOGGING = {
