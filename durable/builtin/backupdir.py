@@ -22,6 +22,7 @@ from typing import Any
 from django.conf import settings
 
 from .manifest import MANIFEST, SUMS, inventory_problems, manifest_files, parse_sums, shape_problems
+from .tables import TableDigest, row_bytes
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 STAGING = re.compile(r"^\.(?P<name>[A-Za-z0-9][A-Za-z0-9._-]{0,99})\.partial-(?P<job>\d+)$")
@@ -133,8 +134,12 @@ def _summary(problems: list[str]) -> str:
 def verify(path: Path) -> dict[str, Any]:
     """Check a published backup completely; return its manifest or raise ``BackupDamaged``.
 
-    Reads every file once. Nothing is trusted before its checksum matched:
-    the manifest is parsed only after its SHA-256 agreed with SHA256SUMS.
+    Nothing is trusted before its checksum matched: the manifest is parsed
+    only after its SHA-256 agreed with SHA256SUMS. Then every part is read
+    once: its size and SHA-256 against both lists, and its rows decoded — the
+    header's columns, the row count and every table's digest must agree with
+    the manifest, so a part whose checksums were redone after an edit is
+    caught too.
     """
     if not path.is_dir():
         raise BackupDamaged(f"there is no backup directory at {path}")
@@ -160,10 +165,46 @@ def verify(path: Path) -> dict[str, Any]:
     if problems := shape_problems(manifest):
         raise BackupDamaged(_summary(problems))
     expected = manifest_files(manifest)
-    actual = {name: file_digest(path / name) for name in set(expected) | set(sums)}
+    contents = {name: _read(path / name) for name in expected}
+    actual: dict[str, tuple[int, str] | None] = {
+        name: (len(data), hashlib.sha256(data).hexdigest()) if data is not None else None
+        for name, data in contents.items()
+    }
+    actual.update({name: file_digest(path / name) for name in set(sums) - set(expected)})
     if problems := inventory_problems(expected, sums, actual):
         raise BackupDamaged(_summary(problems))
+    if problems := _row_problems(manifest, contents):
+        raise BackupDamaged(_summary(problems))
     return manifest
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+
+
+def _row_problems(manifest: dict[str, Any], contents: dict[str, bytes | None]) -> list[str]:
+    problems = []
+    for table in manifest["tables"]:
+        digest = TableDigest()
+        width = len(table["columns"])
+        for part in table["parts"]:
+            name = part["file"]
+            header, rows = decode_part(contents[name] or b"", name=name)
+            if header.get("columns") != table["columns"]:
+                problems.append(f"{name}: its header's columns differ from the manifest's")
+            if len(rows) != part["rows"]:
+                problems.append(f"{name}: {len(rows)} rows, the manifest recorded {part['rows']}")
+            for row in rows:
+                if len(row) != width:
+                    problems.append(f"{name}: a row has {len(row)} values, expected {width}")
+                    break
+                digest.add(row_bytes(row))
+        if digest.hexdigest() != table.get("digest"):
+            problems.append(f"{table['model']}: the rows do not match the manifest's digest")
+    return problems
 
 
 def read_part(path: Path, part: dict[str, Any], columns: list[str]) -> list[list[Any]]:

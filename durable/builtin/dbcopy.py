@@ -31,8 +31,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from django import forms
-from django.db import connections
+from django.db import connections, router
 
+from .. import faults
 from ..errors import InputRejected, NonRetryable
 from ..operations import JobContext, Operation, Unit, register
 from . import inputs
@@ -173,6 +174,7 @@ class CopyDatabase(Operation):
         if step == "sequences":
             return {"statements": reset_sequences([specs[label] for label in plan.order], target)}
         if step == "verify":
+            faults.reach("dbcopy.before_verify")
             spec = specs[unit.key.split(":", 1)[1]]
             ours, theirs = digest_table(spec, source), digest_table(spec, target)
             if ours != theirs:
@@ -213,8 +215,6 @@ class CopyDatabase(Operation):
 
 
 def _allowed(spec: TableSpec, alias: str) -> bool:
-    from django.db import router
-
     return router.allow_migrate_model(alias, spec.model)
 
 

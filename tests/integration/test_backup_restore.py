@@ -1,0 +1,418 @@
+"""Backups and restores beyond the shared scenarios: damaged backups, merge mode, commands.
+
+Most tests run the job in the test's own transaction (recovery events, sent
+on commit, are captured with ``captureOnCommitCallbacks``; Django's test
+case checks deferred foreign keys at teardown). Tests with a worker
+subprocess or a command running the job in a thread use ``transaction=True``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connections
+from django.test import TestCase
+
+from durable import jobs
+from durable.builtin import backupdir
+from durable.builtin.backup import BackupForm
+from durable.builtin.manifest import MANIFEST, SUMS, format_sums, parse_sums
+from durable.builtin.restore import RestoreForm
+from durable.builtin.tables import TableDigest, row_bytes
+from durable.errors import InputRejected
+from tests.conftest import wait_until
+from tests.opsapp.models import Node, RecordedEvent, Sample, Tag
+
+from .dataset import TEST_EXCLUDE, alias_url, contents, make_dataset
+from .helpers import drain
+
+pytestmark = pytest.mark.django_db
+# Another process or thread must see the test's rows: they must really be committed.
+committed = pytest.mark.django_db(transaction=True)
+
+
+def using(*aliases: str) -> pytest.MarkDecorator:
+    """Also set up these second databases."""
+    return pytest.mark.django_db(databases=["default", *aliases])
+
+
+PG = os.environ.get("DATABASE_URL", "").startswith("postgres")
+
+
+@pytest.fixture
+def backups(tmp_path: Path, settings) -> Path:
+    settings.DURABLE_BACKUP_DIR = tmp_path / "backups"
+    settings.DURABLE_BACKUP_DIR.mkdir()
+    return settings.DURABLE_BACKUP_DIR
+
+
+def run(job_id: int):
+    """Run the job here; recovery events (sent on commit) are delivered as it runs."""
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        return drain(job_id, timeout=60)
+
+
+def backup(name: str, **extra) -> Path:
+    job = jobs.enqueue(
+        "backup.database", {"name": name, "batch_size": 4, "exclude": TEST_EXCLUDE, **extra}
+    )
+    job = run(job.pk)
+    assert job.state == "completed", job.reason
+    return Path(job.unit_results.get(key="publish").result["path"])
+
+
+def restore(name: str, **extra):
+    return run(
+        jobs.enqueue("restore.database", {"name": name, "exclude": TEST_EXCLUDE, **extra}).pk
+    )
+
+
+def rewrite_sums(path: Path) -> None:
+    """Recompute SHA256SUMS, as an attacker or a careless edit would: checksums then agree."""
+    sums = parse_sums((path / SUMS).read_text())
+    for name in sums:
+        sums[name] = hashlib.sha256((path / name).read_bytes()).hexdigest()
+    (path / SUMS).write_text(format_sums(sums))
+
+
+def first_part(path: Path) -> Path:
+    return sorted(path.glob("opsapp.sample.*.jsonl.gz"))[0]
+
+
+# --- damaged backups ----------------------------------------------------------------------
+
+
+def flip_byte(path: Path) -> None:
+    part = first_part(path)
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    part.write_bytes(bytes(data))
+
+
+def truncate(path: Path) -> None:
+    part = first_part(path)
+    part.write_bytes(part.read_bytes()[:-10])
+
+
+def edit_manifest_keep_sums(path: Path) -> None:
+    manifest = json.loads((path / MANIFEST).read_text())
+    manifest["tables"][0]["parts"] = manifest["tables"][0]["parts"][:-1]
+    (path / MANIFEST).write_text(json.dumps(manifest))
+
+
+def valid_checksums_wrong_rows(path: Path) -> None:
+    """A part rewritten with other rows, and every checksum brought in line: the row count and
+    the manifest still tell."""
+    manifest = json.loads((path / MANIFEST).read_text())
+    table = next(t for t in manifest["tables"] if t["model"] == "opsapp.sample")
+    part = table["parts"][0]
+    lines = gzip.decompress((path / part["file"]).read_bytes()).splitlines()
+    data = gzip.compress(b"\n".join(lines[:-1]) + b"\n")
+    (path / part["file"]).write_bytes(data)
+    part["bytes"], part["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    rewrite_sums(path)
+
+
+DAMAGE = {
+    "flipped byte in a part": (flip_byte, "SHA-256 mismatch"),
+    "truncated part": (truncate, "bytes, the manifest recorded"),
+    "missing part file": (lambda p: first_part(p).unlink(), "is missing"),
+    "missing manifest": (lambda p: (p / MANIFEST).unlink(), "manifest.json is missing"),
+    "missing SHA256SUMS": (lambda p: (p / SUMS).unlink(), "SHA256SUMS is missing"),
+    "manifest edited": (edit_manifest_keep_sums, "does not match its SHA-256"),
+    "rows swapped, checksums redone": (valid_checksums_wrong_rows, "rows, the manifest recorded"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_restore__refuses_a_damaged_backup_without_touching_the_database(backups, damage):
+    make_dataset()
+    path = backup("damaged")
+    Sample.objects.update(name="written after the backup")
+    Tag.objects.create(code="after")
+    before = contents("default")
+    harm, reason = DAMAGE[damage]
+    harm(path)
+
+    job = restore("damaged", replace=True)
+
+    assert job.state == "failed"
+    assert job.error_code == "non_retryable"
+    assert job.attempts == 1  # a verdict, not retried
+    assert reason in job.reason
+    assert contents("default") == before  # not one row deleted or written
+    [event] = RecordedEvent.objects.filter(job_id=job.pk)
+    assert (event.type, event.done, event.severity) == ("restore-backup", False, "error")
+    assert reason in event.detail
+    assert "Nothing was changed" in event.detail
+
+
+def add_column(path: Path, label: str, column: str, value) -> None:
+    """Rewrite one table of a backup as if it came from a schema with one more column.
+
+    Everything is made consistent again (parts, digest, manifest, SHA256SUMS):
+    only the schema check can tell.
+    """
+    manifest = json.loads((path / MANIFEST).read_text())
+    table = next(t for t in manifest["tables"] if t["model"] == label)
+    table["columns"] = [*table["columns"], column]
+    digest = TableDigest()
+    for part in table["parts"]:
+        rows = [[*row, value] for row in backupdir.decode_part(
+            (path / part["file"]).read_bytes(), name=part["file"])[1]]  # fmt: skip
+        for row in rows:
+            digest.add(row_bytes(row))
+        data = backupdir.encode_part({"model": label, "columns": table["columns"]}, rows)
+        (path / part["file"]).write_bytes(data)
+        part["bytes"], part["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    table["digest"] = digest.hexdigest()
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    rewrite_sums(path)
+
+
+def test_restore__refuses_a_backup_of_another_schema(backups):
+    make_dataset()
+    path = backup("old-schema")
+    add_column(path, "opsapp.tag", "colour", "red")
+    backupdir.verify(path)  # a sound backup, of another schema
+    before = contents("default")
+
+    job = restore("old-schema", replace=True)
+
+    assert job.state == "failed"
+    assert "opsapp.tag: the backup's columns" in job.reason
+    assert "migrate" in job.reason
+    assert contents("default") == before
+
+
+def test_restore__a_staging_directory_is_not_a_backup(backups):
+    make_dataset()
+    (backups / ".half.partial-99").mkdir()
+    with pytest.raises(InputRejected, match="name"):
+        jobs.enqueue("restore.database", {"name": ".half.partial-99"})
+
+
+# --- round trips and modes ----------------------------------------------------------------
+
+
+def test_round_trip__replace_restores_exactly_the_backed_up_rows(backups):
+    make_dataset()
+    expected = contents("default")
+    backup("full")
+    # Everything changes: rows deleted (cascading), updated, added, a cycle rewired.
+    Node.objects.filter(parent__isnull=True).delete()
+    Sample.objects.all().delete()
+    Tag.objects.update(title="renamed")
+    Sample.objects.create(name="new", data={"x": 1})
+    assert contents("default") != expected
+
+    job = restore("full", replace=True)
+
+    assert job.state == "completed", job.reason
+    assert contents("default") == expected
+    assert job.unit_results.get(key="finish").result["verified"] is True
+    event = RecordedEvent.objects.get(job_id=job.pk)
+    assert (event.type, event.done, event.deleted_data) == ("restore-backup", True, True)
+
+
+def test_merge__brings_back_deleted_and_changed_rows_and_keeps_new_ones(backups):
+    make_dataset()
+    expected = contents("default")
+    backup("merge")
+    Sample.objects.filter(pk=Sample.objects.order_by("pk")[0].pk).delete()
+    Tag.objects.update(title="renamed")
+    added = Tag.objects.create(code="added-later", title="new")
+
+    job = restore("merge")
+
+    assert job.state == "completed", job.reason
+    after = contents("default")
+    assert after["opsapp.sample"] == expected["opsapp.sample"]
+    assert [row for row in after["opsapp.tag"] if row[0] != added.code] == expected["opsapp.tag"]
+    assert Tag.objects.get(code="added-later").title == "new"
+    event = RecordedEvent.objects.get(job_id=job.pk)
+    assert (event.type, event.done, event.deleted_data) == ("restore-backup", True, False)
+
+
+@using("other")
+def test_restore__into_another_database(backups):
+    make_dataset()
+    expected = contents("default")
+    backup("elsewhere")
+    job = restore("elsewhere", database="other", replace=True)
+    assert job.state == "completed", job.reason
+    assert contents("other") == expected
+
+
+@pytest.mark.skipif(not PG, reason="crosses vendors on the PostgreSQL leg")
+@using("lite")
+def test_round_trip__a_sqlite_backup_restores_into_postgresql(backups):
+    make_dataset("lite")
+    expected = contents("lite")
+    backup("from-sqlite", database="lite")
+    manifest = json.loads((backups / "from-sqlite" / MANIFEST).read_text())
+    assert manifest["vendor"] == "sqlite"
+    job = restore("from-sqlite", replace=True)
+    assert job.state == "completed", job.reason
+    assert contents("default") == expected
+
+
+def test_backup__keeps_auto_now_timestamps_and_names_itself(backups):
+    make_dataset(samples=2)
+    stamped = list(Sample.objects.order_by("pk").values_list("created_at", flat=True))
+    job = run(jobs.enqueue("backup.database", {"exclude": TEST_EXCLUDE}).pk)
+    assert job.state == "completed", job.reason
+    assert job.input["name"].startswith("backup-")
+    Sample.objects.all().delete()
+    assert restore(job.input["name"], replace=True).state == "completed"
+    assert list(Sample.objects.order_by("pk").values_list("created_at", flat=True)) == stamped
+
+
+def test_backup__a_published_backup_checks_with_sha256sum_format(backups):
+    make_dataset(samples=3)
+    path = backup("checkable")
+    sums = parse_sums((path / SUMS).read_text())
+    files = {p.name for p in path.iterdir()}
+    assert set(sums) == files - {SUMS}
+    for name, digest in sums.items():
+        assert hashlib.sha256((path / name).read_bytes()).hexdigest() == digest
+    header = json.loads(gzip.decompress(first_part(path).read_bytes()).splitlines()[0])
+    assert header["model"] == "opsapp.sample"
+    assert header["columns"][0] == "id"
+
+
+@committed
+def test_backup__damage_found_right_after_publishing_is_reported(backups, workers):
+    make_dataset(samples=3)
+    job = jobs.enqueue("backup.database", {"name": "rots", "exclude": TEST_EXCLUDE})
+    env = {"DURABLE_BACKUP_DIR": str(backups)}
+    proc = workers.start("--burst", faults="backup.after_publish:1:stop", env=env)
+    wait_until(lambda: (backups / "rots" / SUMS).exists())
+    flip_byte(backups / "rots")  # the disk rots between publishing and verifying
+    os.kill(proc.pid, signal.SIGCONT)
+    assert proc.wait(timeout=60) == 0, workers.log(proc)
+    job.refresh_from_db()
+    assert job.state == "failed"
+    assert "failed verification" in job.reason
+    assert sorted(RecordedEvent.objects.filter(job_id=job.pk).values_list("type", "done")) == [
+        ("backup-created", True),
+        ("backup-verified", False),
+    ]
+
+
+def test_backup__an_unusable_backup_directory_pauses_the_job(tmp_path, settings):
+    settings.DURABLE_BACKUP_DIR = tmp_path / "not-mounted" / "backups"
+    job = run(jobs.enqueue("backup.database", {"name": "x"}).pk)
+    assert (job.state, job.error_code, job.attempts) == ("paused", "unavailable", 0)
+    assert "not-mounted/backups cannot be created" in job.reason
+
+
+# --- input ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("operation", "data", "field"),
+    [
+        ("backup.database", {"name": "../escape"}, "name"),
+        ("backup.database", {"name": ".hidden"}, "name"),
+        ("backup.database", {"name": "a/b"}, "name"),
+        ("backup.database", {"database": "nope"}, "database"),
+        ("backup.database", {"batch_size": 0}, "batch_size"),
+        ("backup.database", {"batch_size": True}, "batch_size"),
+        ("backup.database", {"exclude": ["no_such_app"]}, "exclude"),
+        ("backup.database", {"exclude": ["auth.nosuchmodel"]}, "exclude"),
+        ("backup.database", {"tables": ["auth"]}, "tables"),
+        ("restore.database", {}, "name"),
+        ("restore.database", {"name": "never-made"}, "name"),
+        ("restore.database", {"name": "x", "replace": "yes"}, "replace"),
+    ],
+)
+def test_input__precise_refusals(backups, operation, data, field):
+    (backups / "x").mkdir()
+    with pytest.raises(InputRejected) as refused:
+        jobs.enqueue(operation, data)
+    assert refused.value.field == field
+
+
+def test_input__a_taken_backup_name_is_refused(backups):
+    (backups / "taken").mkdir()
+    with pytest.raises(InputRejected, match="already exists"):
+        jobs.enqueue("backup.database", {"name": "taken"})
+
+
+def test_forms__cleaned_data_is_the_job_input(backups):
+    form = BackupForm(
+        data={
+            "database": "default",
+            "name": "",
+            "batch_size": "",
+            "exclude": "sessions, auth.group",
+        }
+    )
+    assert form.is_valid(), form.errors
+    job = jobs.enqueue("backup.database", form.cleaned_data)
+    assert job.input["exclude"] == ["auth.group", "sessions"]
+    assert job.input["batch_size"] == 1000
+    assert not BackupForm(data={"database": "default", "exclude": "nope"}).is_valid()
+    (backups / "made").mkdir()
+    (backups / "made" / SUMS).write_text("")
+    restore_form = RestoreForm(data={"name": "made", "database": "default"})
+    assert restore_form.is_valid(), restore_form.errors
+    assert jobs.enqueue("restore.database", restore_form.cleaned_data).input["replace"] is False
+
+
+# --- commands -------------------------------------------------------------------------------
+
+
+@committed
+def test_commands__backup_and_restore_inline(backups, capsys):
+    make_dataset(samples=3)
+    expected = contents("default")
+    call_command(
+        "backup_database", "--name", "cli", "--inline", "--exclude", ",".join(TEST_EXCLUDE)
+    )
+    out = capsys.readouterr().out
+    assert "backup cli published and verified" in out
+    Sample.objects.all().delete()
+    call_command("restore_database", "cli", "--replace", "--inline", *_excludes())
+    out = capsys.readouterr().out
+    assert "every table's digest matches the backup" in out
+    assert contents("default") == expected
+
+
+@committed
+def test_commands__restore_of_a_damaged_backup_fails_the_command(backups):
+    make_dataset(samples=3)
+    call_command("backup_database", "--name", "bad", "--inline", *_excludes())
+    (backups / "bad" / MANIFEST).unlink()
+    with pytest.raises(CommandError, match=r"manifest\.json is missing"):
+        call_command("restore_database", "bad", "--inline", *_excludes())
+
+
+@committed
+def test_commands__wait_follows_a_worker(backups, workers, capsys):
+    make_dataset(samples=3)
+    worker = workers.start(env={"DURABLE_BACKUP_DIR": str(backups)})
+    call_command("backup_database", "--name", "waited", "--wait", *_excludes())
+    assert "backup waited published and verified" in capsys.readouterr().out
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+
+
+def _excludes() -> list[str]:
+    return [arg for label in TEST_EXCLUDE for arg in ("--exclude", label)]
+
+
+@using("other", "lite")
+def test_alias_urls_reach_the_test_databases():
+    # The worker subprocesses depend on it.
+    for alias in ("other", "lite"):
+        assert connections[alias].settings_dict["NAME"] in alias_url(alias)
