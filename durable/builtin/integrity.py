@@ -135,7 +135,8 @@ class IntegrityScan(Operation):
             prefix = clean_prefix(prefix)
         except ValueError as exc:
             raise InputRejected("prefix", str(exc)) from None
-        size = data.get("batch_files") or DEFAULT_BATCH_FILES
+        size = data.get("batch_files")
+        size = DEFAULT_BATCH_FILES if size in (None, "") else size
         if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_BATCH_FILES:
             raise InputRejected("batch_files", f"must be an integer from 1 to {MAX_BATCH_FILES:,}")
         return {"target": target, "storage": alias, "prefix": prefix, "batch_files": size}

@@ -51,6 +51,12 @@ class Case:
     check_cancelled: Callable[[Job], None] = field(default=lambda job: None)
 
 
+def proc_state(pid: int) -> str:
+    """A process's state letter: "T" once a "…:stop" fault point stopped it."""
+    with open(f"/proc/{pid}/stat") as handle:
+        return handle.read().rsplit(")", 1)[1].split()[0]
+
+
 def new_rows_get_fresh_ids(alias: str) -> bool:
     """An insert works after explicit ids were written (PostgreSQL: the sequence was moved).
 

@@ -25,7 +25,7 @@ from durable.models import Job
 from tests.conftest import wait_until
 
 from .helpers import drain
-from .opscenarios import SCENARIOS, Env, Scenario
+from .opscenarios import SCENARIOS, Env, Scenario, proc_state
 
 pytestmark = pytest.mark.slow
 
@@ -60,11 +60,6 @@ def scenario(request) -> Scenario:
 CRASHES = [
     _param(s, point, id=f"{s.operation}-{point}") for s in SCENARIOS for point in s.crash_points
 ]
-
-
-def proc_state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as handle:
-        return handle.read().rsplit(")", 1)[1].split()[0]
 
 
 def kinds(job: Job) -> list[str]:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from django.core.management.base import CommandError
+
 from durable.builtin.cli import OperationCommand, unit_result
 from durable.builtin.integrity import scope_of
+from durable.builtin.inventory import clean_prefix
 from durable.models import Job
 
 
@@ -29,15 +32,19 @@ class Command(OperationCommand):
             return {"target": "database", "database": options["database"]}
         data = {"target": "storage", "storage": options["storage"] or "default"}
         if options["prefix"]:
-            data["prefix"] = options["prefix"]
+            try:
+                data["prefix"] = clean_prefix(options["prefix"])
+            except ValueError as exc:
+                raise CommandError(f"--prefix {exc}") from None
         if options["batch_files"] is not None:
             data["batch_files"] = options["batch_files"]
         return data
 
     def unique_key(self, data: dict[str, Any]) -> str:
-        return f"integrity.scan:{scope_of({'prefix': '', **data})}"
+        return f"integrity.scan:{scope_of({'prefix': '', **data})}"[:255]
 
     def summary(self, job: Job) -> str:
         tallies = unit_result(job, "report")
-        found = ", ".join(f"{value} {name}" for name, value in tallies.items() if value)
+        order = ("checked", "new", "ok", "modified", "corrupted", "missing")
+        found = ", ".join(f"{tallies[name]} {name}" for name in order if tallies.get(name))
         return f"scanned {scope_of(job.input)}: {found or 'nothing to check'}"
