@@ -41,7 +41,7 @@ from django.utils import timezone
 from django.utils.crypto import get_random_string
 
 from .. import faults
-from ..errors import InputRejected, NonRetryable, Unavailable
+from ..errors import InputRejected, NonRetryable, Unavailable, VerificationFailed
 from ..models import Job, UnitResult
 from ..operations import JobContext, Operation, Unit, register
 from . import backupdir, inputs
@@ -178,8 +178,8 @@ class BackupDatabase(Operation):
                         },
                     )
             except ValueError as exc:
-                raise NonRetryable(
-                    f"the site's tables changed during the backup ({exc}); start a new backup"
+                raise self._refuse(
+                    ctx, f"the site's tables changed during the backup ({exc}); start a new backup"
                 ) from None
             yield Unit(key="publish", checkpoint={"phase": "published"})
             phase = "published"
@@ -195,18 +195,43 @@ class BackupDatabase(Operation):
             return self._verify(ctx)
         return self._part(ctx, unit.payload)
 
+    def verify(self, ctx: JobContext, unit: Unit, result: Any) -> None:
+        """A part counts as done only if the file on disk is the one just written."""
+        if unit.key.startswith("part:"):
+            found = backupdir.file_digest(self._staging(ctx) / result["file"])
+            if found != (result["bytes"], result["sha256"]):
+                raise VerificationFailed(f"{result['file']} does not read back as written")
+
+    def _refuse(self, ctx: JobContext, reason: str) -> NonRetryable:
+        """A failed backup is a Recovery fact too: ``backup-created`` with ``done=False``."""
+        announce(
+            ctx,
+            "backup-failed",
+            "backup-created",
+            severity="error",
+            done=False,
+            detail=f"Backup {ctx.input['name']!r} of database {ctx.input['database']!r} "
+            f"failed: {reason}",
+            db=ctx.input["database"],
+            object_ids=[ctx.input["name"]],
+        )
+        return NonRetryable(reason)
+
     # --- units ---------------------------------------------------------------------
 
     def _begin(self, ctx: JobContext) -> dict[str, Any]:
         specs, order = self._tables(ctx)
         if missing := missing_tables(ctx.input["database"], specs.values()):
-            raise NonRetryable(
+            raise self._refuse(
+                ctx,
                 f"tables missing from database {ctx.input['database']!r}: {', '.join(missing)}; "
-                "run migrate first"
+                "run migrate first",
             )
         root = backupdir.backup_root()
         if (root / ctx.input["name"]).exists():
-            raise NonRetryable(f"a backup named {ctx.input['name']!r} already exists in {root}")
+            raise self._refuse(
+                ctx, f"a backup named {ctx.input['name']!r} already exists in {root}"
+            )
         for path, job_id in backupdir.staging_dirs(root):
             if job_id != ctx.job_id and not Job.objects.unfinished().filter(pk=job_id).exists():
                 backupdir.remove_tree(path)  # a cancelled or failed backup's leftovers
@@ -248,7 +273,9 @@ class BackupDatabase(Operation):
         final = root / ctx.input["name"]
         if final.exists():
             if _published_by(final) != ctx.job_id:
-                raise NonRetryable(f"a backup named {ctx.input['name']!r} already exists in {root}")
+                raise self._refuse(
+                    ctx, f"a backup named {ctx.input['name']!r} already exists in {root}"
+                )
             manifest = json.loads((final / MANIFEST).read_bytes())  # we published it, then crashed
         else:
             manifest = self._build_manifest(ctx)
@@ -281,7 +308,9 @@ class BackupDatabase(Operation):
         specs, order = self._tables(ctx)
         begun = UnitResult.objects.get(job_id=ctx.job_id, key="begin").result
         if begun["tables"] != order:
-            raise NonRetryable("the site's tables changed during the backup; start a new backup")
+            raise self._refuse(
+                ctx, "the site's tables changed during the backup; start a new backup"
+            )
         parts: dict[str, list[tuple[int, dict[str, Any]]]] = {label: [] for label in order}
         results = UnitResult.objects.filter(job_id=ctx.job_id, key__startswith="part:")
         for key, result in results.values_list("key", "result"):
@@ -296,9 +325,10 @@ class BackupDatabase(Operation):
                     result["bytes"],
                     result["sha256"],
                 ):
-                    raise NonRetryable(
+                    raise self._refuse(
+                        ctx,
                         f"staged file {result['file']} changed after it was written; "
-                        "the storage is unreliable, start a new backup"
+                        "the storage is unreliable, start a new backup",
                     )
             total = sum(int(result["digest"], 16) for result in ordered) % MAX_DIGEST
             spec = specs[label]

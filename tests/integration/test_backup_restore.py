@@ -308,6 +308,17 @@ def test_backup__damage_found_right_after_publishing_is_reported(backups, worker
     ]
 
 
+def test_backup__a_failed_backup_is_reported_as_not_done(backups):
+    job = jobs.enqueue("backup.database", {"name": "late"})
+    (backups / "late").mkdir()  # someone took the name after the job was queued
+    job = run(job.pk)
+    assert job.state == "failed"
+    assert "already exists" in job.reason
+    event = RecordedEvent.objects.get(job_id=job.pk)
+    assert (event.type, event.done, event.severity) == ("backup-created", False, "error")
+    assert not list(backupdir.staging_dirs(backups))
+
+
 def test_backup__an_unusable_backup_directory_pauses_the_job(tmp_path, settings):
     settings.DURABLE_BACKUP_DIR = tmp_path / "not-mounted" / "backups"
     job = run(jobs.enqueue("backup.database", {"name": "x"}).pk)
