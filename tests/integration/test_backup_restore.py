@@ -13,7 +13,10 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
+from subprocess import PIPE, STDOUT
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -27,11 +30,13 @@ from durable.builtin.manifest import MANIFEST, SUMS, format_sums, parse_sums
 from durable.builtin.restore import RestoreForm
 from durable.builtin.tables import TableDigest, row_bytes
 from durable.errors import InputRejected
-from tests.conftest import wait_until
+from durable.models import Job
+from tests.conftest import BASE_DIR, wait_until
 from tests.opsapp.models import Node, RecordedEvent, Sample, Tag
 
 from .dataset import TEST_EXCLUDE, alias_url, contents, make_dataset
 from .helpers import drain
+from .opscenarios import proc_state
 
 pytestmark = pytest.mark.django_db
 # Another process or thread must see the test's rows: they must really be committed.
@@ -416,6 +421,40 @@ def test_commands__wait_follows_a_worker(backups, workers, capsys):
     assert "backup waited published and verified" in capsys.readouterr().out
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0
+
+
+@committed
+def test_commands__ctrl_c_leaves_an_inline_job_to_continue_where_it_stopped(backups, workers):
+    make_dataset(samples=3)
+    env = workers.env(faults="after_checkpoint:3:stop", DURABLE_BACKUP_DIR=str(backups))
+    command = [sys.executable, "manage.py", "backup_database", "--name", "nightly", "--inline"]
+    first = subprocess.Popen(
+        [*command, *_excludes()], cwd=BASE_DIR, env=env, stdout=PIPE, stderr=STDOUT, text=True
+    )
+    try:
+        wait_until(lambda: proc_state(first.pid) == "T")  # three units done
+        os.kill(first.pid, signal.SIGINT)  # Ctrl-C, delivered when it continues
+        os.kill(first.pid, signal.SIGCONT)
+        out, _ = first.communicate(timeout=60)
+    finally:
+        first.kill()
+    assert first.returncode == 1, out
+    assert "continues from its checkpoint when run again" in out
+    job = Job.objects.get(input__name="nightly")
+    assert (job.state, job.lease_owner) == ("queued", None)
+    assert 3 <= job.units_done < job.units_total
+    assert job.attempts == 0
+
+    env["DURABLE_FAULTS"] = ""
+    again = subprocess.run(
+        [*command, *_excludes()], cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"job {job.pk} is already doing this" in again.stdout
+    assert "backup nightly published and verified" in again.stdout
+    job.refresh_from_db()
+    assert job.state == "completed"
+    assert Job.objects.filter(operation="backup.database").count() == 1
 
 
 def _excludes() -> list[str]:
