@@ -49,6 +49,7 @@ from .inventory import (
     MISSING,
     MODIFIED,
     NEW,
+    OK,
     FileState,
     classify,
     clean_prefix,
@@ -278,7 +279,7 @@ class IntegrityScan(Operation):
                     scope=scope, key_hash__in=[key_hash(key) for key in observed]
                 )
             }
-            created, counts = [], dict(row.tallies)
+            created, unchanged, counts = [], [], dict(row.tallies)
             for key, state in observed.items():
                 entry = known.get(key_hash(key))
                 if entry is not None and entry.seen_by == ctx.job_id:
@@ -303,9 +304,14 @@ class IntegrityScan(Operation):
                     created.append(
                         InventoryEntry(scope=scope, key=key, key_hash=key_hash(key), **fields)
                     )
+                elif status == OK and entry.mtime == state.mtime:
+                    unchanged.append(entry.pk)  # the common case: one UPDATE for all of them
                 else:
                     InventoryEntry.objects.filter(pk=entry.pk).update(**fields)
             InventoryEntry.objects.bulk_create(created)
+            InventoryEntry.objects.filter(pk__in=unchanged).update(
+                status=OK, seen_by=ctx.job_id, checked_at=now
+            )
             row.tallies = counts
             row.save(update_fields=["tallies"])
             if findings:
