@@ -23,7 +23,12 @@ inserted into an already-read range is missing. Tables are read
 children-first (the reverse of the foreign-key order), so a row's parent is
 read after the row and normally exists in the backup too; a parent deleted
 in between can still leave a dangling reference that a restore refuses. For
-an exact snapshot, stop the site's writers during the backup.
+an exact snapshot, stop the site's writers during the backup — or, on SQLite,
+pass ``snapshot``: ``begin`` then copies the whole database with one
+``VACUUM INTO`` (one read transaction; writers carry on) into the staging
+directory, every part is read from that copy, and the copy is deleted before
+publishing. The backup is then exactly the database as of ``begin``, and
+still resumable part by part.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from django import forms
 from django.db import connections
@@ -64,8 +70,8 @@ from .tables import (
 
 DEFAULT_BATCH = 1000
 NAME_CHARACTERS = "abcdefghijklmnopqrstuvwxyz0123456789"
-CONSISTENCY = "per-batch"
-FIELDS = ("database", "name", "batch_size", "exclude")
+SNAPSHOT_FILE = "snapshot.sqlite3"
+FIELDS = ("database", "name", "batch_size", "exclude", "snapshot")
 
 
 class BackupForm(forms.Form):
@@ -77,6 +83,11 @@ class BackupForm(forms.Form):
     )
     batch_size = inputs.batch_size_field(DEFAULT_BATCH, "Rows per part file.")
     exclude = inputs.ExcludeField()
+    snapshot = forms.BooleanField(
+        required=False,
+        help_text="SQLite: back up a consistent copy taken when the backup starts (VACUUM "
+        "INTO), so the site may keep writing. Needs free space for one copy of the database.",
+    )
 
 
 def default_name(now: Any) -> str:
@@ -107,11 +118,19 @@ class BackupDatabase(Operation):
             raise InputRejected("name", str(exc)) from None
         if backup_path(name).exists():
             raise InputRejected("name", f"a backup named {name!r} already exists")
+        database = inputs.database_alias(data, "database")
+        snapshot = inputs.flag(data, "snapshot")
+        if snapshot and connections[database].vendor != "sqlite":
+            raise InputRejected(
+                "snapshot",
+                "only for SQLite databases; for a point-in-time copy of PostgreSQL use pg_dump",
+            )
         return {
-            "database": inputs.database_alias(data, "database"),
+            "database": database,
             "name": name,
             "batch_size": inputs.batch_size(data, DEFAULT_BATCH),
             "exclude": inputs.exclude(data),
+            "snapshot": snapshot,
         }
 
     # --- planning ------------------------------------------------------------------
@@ -124,6 +143,34 @@ class BackupDatabase(Operation):
 
     def _staging(self, ctx: JobContext) -> Path:
         return backupdir.staging_dir(backupdir.backup_root(), ctx.input["name"], ctx.job_id)
+
+    def _source(self, ctx: JobContext) -> str:
+        """The alias rows are read from: the database, or (snapshot) this job's copy of it.
+
+        The copy is opened read-only under an alias of its own, so the ORM reads
+        it exactly as it reads the database.
+        """
+        if not ctx.input.get("snapshot"):
+            return ctx.input["database"]
+        alias = f"durable_snapshot_{ctx.job_id}"
+        if alias not in connections.settings:
+            path = self._staging(ctx) / SNAPSHOT_FILE
+            if not path.is_file():
+                raise RuntimeError(f"the snapshot {path} is gone")
+            connections.settings[alias] = {
+                **connections[ctx.input["database"]].settings_dict,
+                "NAME": f"file:{quote(str(path))}?mode=ro",
+                "OPTIONS": {},
+            }
+        return alias
+
+    def _drop_snapshot(self, ctx: JobContext) -> None:
+        alias = f"durable_snapshot_{ctx.job_id}"
+        if alias in connections.settings:
+            connections[alias].close()
+            del connections[alias]
+            del connections.settings[alias]
+        (self._staging(ctx) / SNAPSHOT_FILE).unlink(missing_ok=True)
 
     def prepare(self, ctx: JobContext) -> None:
         root = backupdir.backup_root()
@@ -155,7 +202,7 @@ class BackupDatabase(Operation):
                 todo = batches(
                     specs,
                     order,
-                    ctx.input["database"],
+                    self._source(ctx),
                     ctx.input["batch_size"],
                     table=checkpoint.get("table"),
                     after=checkpoint.get("after"),
@@ -238,7 +285,12 @@ class BackupDatabase(Operation):
         staging = self._staging(ctx)
         backupdir.remove_tree(staging)
         staging.mkdir()
-        return {"started_at": timezone.now().isoformat(), "tables": order}
+        started_at = timezone.now().isoformat()
+        if ctx.input.get("snapshot"):
+            # One read transaction copies the whole database: every part is read from it.
+            with connections[ctx.input["database"]].cursor() as cursor:
+                cursor.execute("VACUUM INTO %s", [str(staging / SNAPSHOT_FILE)])
+        return {"started_at": started_at, "tables": order}
 
     def _part(self, ctx: JobContext, payload: dict[str, Any]) -> dict[str, Any]:
         specs, _ = self._tables(ctx)
@@ -247,7 +299,7 @@ class BackupDatabase(Operation):
         if not staging.is_dir():
             # Only ``begin`` creates it: a worker that lost its lease must not recreate it.
             raise RuntimeError(f"the staging directory {staging} is gone")
-        rows = read_rows(spec, ctx.input["database"], payload["after"], payload["upto"])
+        rows = read_rows(spec, self._source(ctx), payload["after"], payload["upto"])
         digest = TableDigest()
         for row in rows:
             digest.add(row_bytes(row))
@@ -287,6 +339,7 @@ class BackupDatabase(Operation):
             }
             digests[MANIFEST] = _sha256(payload)
             backupdir.write_atomic(staging / SUMS, format_sums(digests).encode())
+            self._drop_snapshot(ctx)
             backupdir.fsync_dir(staging)
             os.rename(staging, final)
             backupdir.fsync_dir(root)
@@ -352,7 +405,7 @@ class BackupDatabase(Operation):
             vendor=connections[alias].vendor,
             started_at=begun["started_at"],
             finished_at=timezone.now().isoformat(),
-            consistency=CONSISTENCY,
+            consistency="snapshot" if ctx.input.get("snapshot") else "per-batch",
             migrations=migration_state(alias),
             tables=tables,
             parts=listed,

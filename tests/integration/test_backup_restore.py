@@ -34,7 +34,7 @@ from durable.models import Job
 from tests.conftest import BASE_DIR, wait_until
 from tests.opsapp.models import Node, RecordedEvent, Sample, Tag
 
-from .dataset import TEST_EXCLUDE, alias_url, contents, make_dataset
+from .dataset import TEST_EXCLUDE, alias_url, backup_contents, contents, make_dataset
 from .helpers import drain
 from .opscenarios import proc_state
 
@@ -311,6 +311,61 @@ def test_backup__damage_found_right_after_publishing_is_reported(backups, worker
         ("backup-created", True),
         ("backup-verified", False),
     ]
+
+
+@pytest.mark.parametrize("snapshot", [True, False], ids=["snapshot", "per-batch"])
+@committed
+def test_backup__writes_during_the_backup(backups, workers, snapshot):
+    """With ``snapshot`` (SQLite) the backup is the database as of its start; without, the
+    writes made after a table was read are missing and later tables have them."""
+    if snapshot and PG:
+        with pytest.raises(InputRejected, match="pg_dump"):
+            jobs.enqueue("backup.database", {"name": "s", "snapshot": True})
+        return
+    make_dataset()
+    at_start = contents("default")
+    job = jobs.enqueue(
+        "backup.database",
+        {"name": "live", "batch_size": 4, "exclude": TEST_EXCLUDE, "snapshot": snapshot},
+    )
+    env = {"DURABLE_BACKUP_DIR": str(backups)}
+    # Stopped after a few parts: the first table read is the last in foreign-key order.
+    proc = workers.start("--burst", faults="after_checkpoint:3:stop", env=env)
+    wait_until(lambda: proc_state(proc.pid) == "T")
+    Sample.objects.filter(pk=Sample.objects.order_by("pk")[0].pk).delete()
+    Tag.objects.create(code="written-during-the-backup")
+    os.kill(proc.pid, signal.SIGCONT)
+    assert proc.wait(timeout=60) == 0, workers.log(proc)
+    job.refresh_from_db()
+    assert job.state == "completed", job.reason
+    found = backup_contents(backups / "live")
+    manifest = json.loads((backups / "live" / MANIFEST).read_text())
+    assert manifest["consistency"] == ("snapshot" if snapshot else "per-batch")
+    assert not (backups / "live" / "snapshot.sqlite3").exists()
+    if snapshot:
+        assert found == at_start
+    else:
+        assert found != at_start
+        assert ("written-during-the-backup", "") in found["opsapp.tag"]
+
+
+@pytest.mark.skipif(PG, reason="snapshots are for SQLite")
+@committed
+def test_backup__a_snapshot_backup_resumes_from_its_snapshot_after_a_crash(backups, workers):
+    make_dataset()
+    at_start = contents("default")
+    job = jobs.enqueue(
+        "backup.database",
+        {"name": "snap", "batch_size": 4, "exclude": TEST_EXCLUDE, "snapshot": True},
+    )
+    env = {"DURABLE_BACKUP_DIR": str(backups)}
+    assert workers.run(faults="after_unit:4", env=env).returncode == -signal.SIGKILL
+    Sample.objects.all().delete()  # the site writes while no worker runs the backup
+    assert workers.run(env=env).returncode == 0
+    job.refresh_from_db()
+    assert (job.state, job.reclaims) == ("completed", 1)
+    assert backup_contents(backups / "snap") == at_start
+    assert sorted(p.name for p in backups.iterdir()) == ["snap"]
 
 
 def test_backup__a_failed_backup_is_reported_as_not_done(backups):

@@ -23,9 +23,18 @@ class Command(OperationCommand):
         parser.add_argument(
             "--exclude", action="append", help="app or app.model to leave out (repeatable)"
         )
+        parser.add_argument(
+            "--snapshot",
+            action="store_true",
+            help="SQLite: back up a consistent copy taken at the start (VACUUM INTO)",
+        )
 
     def build_input(self, options: dict[str, Any]) -> dict[str, Any]:
-        data = {"database": options["database"], "exclude": split_list(options["exclude"])}
+        data = {
+            "database": options["database"],
+            "exclude": split_list(options["exclude"]),
+            "snapshot": options["snapshot"],
+        }
         if options["name"]:
             data["name"] = options["name"]
         if options["batch_size"] is not None:
