@@ -129,6 +129,12 @@ class IntegrityScan(Operation):
             raise InputRejected(
                 "storage", f"no storage {alias!r} in STORAGES ({', '.join(settings.STORAGES)})"
             )
+        storage = storages[alias]
+        if isinstance(storage, FileSystemStorage) and not storage.base_location:
+            # An unset MEDIA_ROOT means "the current directory": never what is meant.
+            raise InputRejected(
+                "storage", f"storage {alias!r} has no location (set MEDIA_ROOT or its location)"
+            )
         prefix = data.get("prefix") or ""
         if not isinstance(prefix, str):
             raise InputRejected("prefix", "must be a path")

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 from subprocess import PIPE, STDOUT
 
@@ -22,11 +23,13 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connections
 from django.test import TestCase
+from django.utils import timezone
 
 from durable import jobs
 from durable.builtin import backupdir
 from durable.builtin.backup import BackupForm
 from durable.builtin.manifest import MANIFEST, SUMS, format_sums, parse_sums
+from durable.builtin.models import Announcement
 from durable.builtin.restore import RestoreForm
 from durable.builtin.tables import TableDigest, row_bytes
 from durable.errors import InputRejected
@@ -377,6 +380,16 @@ def test_backup__a_failed_backup_is_reported_as_not_done(backups):
     event = RecordedEvent.objects.get(job_id=job.pk)
     assert (event.type, event.done, event.severity) == ("backup-created", False, "error")
     assert not list(backupdir.staging_dirs(backups))
+
+
+def test_purge__removes_a_finished_backups_announcements_with_it(backups):
+    make_dataset(samples=2)
+    backup("old")
+    assert Announcement.objects.count() == 2
+    Job.objects.update(finished_at=timezone.now() - timedelta(days=60))
+    assert run(jobs.enqueue("durable.purge", {"older_than": "30d"}).pk).state == "completed"
+    assert not Job.objects.filter(operation="backup.database").exists()
+    assert not Announcement.objects.exists()
 
 
 def test_backup__an_unusable_backup_directory_pauses_the_job(tmp_path, settings):

@@ -14,6 +14,7 @@ from django.core.management import call_command
 from django.db import connections
 
 from durable import jobs
+from durable.builtin.dbcopy import CopyForm
 from durable.errors import InputRejected
 from tests.conftest import wait_until
 from tests.opsapp.models import Sample, Tag
@@ -80,6 +81,16 @@ def test_input__precise_refusals(data, field):
     with pytest.raises(InputRejected) as refused:
         jobs.enqueue("db.copy", data)
     assert refused.value.field == field
+
+
+def test_form__cleaned_data_is_the_job_input():
+    form = CopyForm(data={"source": "default", "target": "other", "replace": "on", "exclude": ""})
+    assert form.is_valid(), form.errors
+    job = jobs.enqueue("db.copy", form.cleaned_data)
+    assert job.input == {
+        "source": "default", "target": "other", "replace": True, "batch_size": 1000, "exclude": [],
+    }  # fmt: skip
+    assert not CopyForm(data={"source": "default", "target": "nowhere"}).is_valid()
 
 
 @pytest.mark.skipif(not PG, reason="the SQLite -> PostgreSQL move runs on the PostgreSQL leg")

@@ -20,6 +20,7 @@ from django.test import TestCase
 from django.utils import timezone
 
 from durable import jobs
+from durable.builtin.integrity import ScanForm
 from durable.builtin.models import IntegrityScope, InventoryEntry
 from durable.errors import InputRejected
 from durable.lease import claim
@@ -222,6 +223,28 @@ def test_input__precise_refusals(data, field):
     with pytest.raises(InputRejected) as refused:
         jobs.enqueue("integrity.scan", data)
     assert refused.value.field == field
+
+
+def test_input__a_storage_without_a_location_is_refused(settings):
+    settings.MEDIA_ROOT = ""  # FileSystemStorage would walk the current directory
+    with pytest.raises(InputRejected, match="no location") as refused:
+        jobs.enqueue("integrity.scan", {"storage": "default"})
+    assert refused.value.field == "storage"
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"target": "storage", "storage": "scan", "prefix": "/a/", "batch_files": ""},
+         {"target": "storage", "storage": "scan", "prefix": "a", "batch_files": 200}),
+        ({"target": "database", "database": "default", "storage": "", "batch_files": ""},
+         {"target": "database", "database": "default"}),
+    ],
+)  # fmt: skip
+def test_form__cleaned_data_is_the_job_input(scan_root, data, expected):
+    form = ScanForm(data=data)
+    assert form.is_valid(), form.errors
+    assert jobs.enqueue("integrity.scan", form.cleaned_data).input == expected
 
 
 @pytest.mark.django_db(transaction=True)
