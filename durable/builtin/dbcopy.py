@@ -37,6 +37,7 @@ from .. import faults
 from ..errors import InputRejected, NonRetryable
 from ..operations import JobContext, Operation, Unit, register
 from . import inputs
+from .fence import fenced
 from .tables import (
     Plan,
     PlanError,
@@ -200,7 +201,8 @@ class CopyDatabase(Operation):
                 "migrate both databases to the same version first"
             )
         if ctx.input["replace"]:
-            deleted = delete_all(ordered, target)
+            with fenced(ctx):  # a worker that lost the job must not delete what others copied
+                deleted = delete_all(ordered, target)
             return {"deleted": sum(deleted.values())}
         occupied = [
             f"{spec.table} ({n} rows)" for spec in ordered if (n := count_rows(spec, target))

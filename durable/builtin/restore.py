@@ -41,6 +41,7 @@ from ..errors import InputRejected, NonRetryable
 from ..operations import JobContext, Operation, Unit, register
 from . import backupdir, inputs
 from .announce import announce
+from .fence import fenced
 from .manifest import MANIFEST, SUMS, is_excluded, reorder, restore_problems
 from .tables import (
     PlanError,
@@ -191,7 +192,8 @@ class RestoreDatabase(Operation):
         alias = ctx.input["database"]
         order, deferred = self._plan(ctx, manifest)
         if step == "clear":
-            deleted = delete_all([site[label] for label in order], alias)
+            with fenced(ctx):  # a worker that lost the job must not delete what others restored
+                deleted = delete_all([site[label] for label in order], alias)
             return {"deleted": sum(deleted.values())}
         if step in ("load", "link"):
             label, number = rest.rsplit(":", 1)

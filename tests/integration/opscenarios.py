@@ -8,19 +8,24 @@ same crashes, reclaims, pauses and cancels.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
-from durable import jobs
+from durable import jobs, rescue
 from durable.builtin import backupdir
 from durable.builtin.models import IntegrityScope, InventoryEntry
+from durable.lease import claim
 from durable.models import Job
+from durable.operations import JobContext
 from tests.opsapp.models import RecordedEvent, Sample
 
 from .dataset import TEST_EXCLUDE, alias_url, backup_contents, contents, make_dataset
@@ -55,6 +60,25 @@ def proc_state(pid: int) -> str:
     """A process's state letter: "T" once a "…:stop" fault point stopped it."""
     with open(f"/proc/{pid}/stat") as handle:
         return handle.read().rsplit(")", 1)[1].split()[0]
+
+
+def stale_and_fresh(job) -> tuple[JobContext, JobContext]:
+    """Contexts of a worker whose lease expired and was reclaimed, and of the new holder."""
+    ops = [job.operation]
+    stale, _ = claim("stale", queues=[], operations=ops, lease_seconds=30, job_id=job.pk)
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert rescue.reclaim("rescuer") == [job.pk]
+    fresh, claimed = claim("fresh", queues=[], operations=ops, lease_seconds=30, job_id=job.pk)
+    ctx = JobContext(
+        job_id=job.pk,
+        operation=job.operation,
+        input=claimed.input,
+        checkpoint=None,
+        attempt=1,
+        worker_id="stale",
+        lease_epoch=stale.epoch,
+    )
+    return ctx, dataclasses.replace(ctx, worker_id="fresh", lease_epoch=fresh.epoch)
 
 
 def new_rows_get_fresh_ids(alias: str) -> bool:

@@ -32,14 +32,15 @@ from durable.builtin.manifest import MANIFEST, SUMS, format_sums, parse_sums
 from durable.builtin.models import Announcement
 from durable.builtin.restore import RestoreForm
 from durable.builtin.tables import TableDigest, row_bytes
-from durable.errors import InputRejected
+from durable.errors import InputRejected, LeaseLost
 from durable.models import Job
+from durable.operations import Unit, get_operation
 from tests.conftest import BASE_DIR, wait_until
 from tests.opsapp.models import Node, RecordedEvent, Sample, Tag
 
 from .dataset import TEST_EXCLUDE, alias_url, backup_contents, contents, make_dataset
 from .helpers import drain
-from .opscenarios import proc_state
+from .opscenarios import proc_state, stale_and_fresh
 
 pytestmark = pytest.mark.django_db
 # Another process or thread must see the test's rows: they must really be committed.
@@ -206,6 +207,23 @@ def test_restore__a_staging_directory_is_not_a_backup(backups):
     (backups / ".half.partial-99").mkdir()
     with pytest.raises(InputRejected, match="name"):
         jobs.enqueue("restore.database", {"name": ".half.partial-99"})
+
+
+def test_restore__a_worker_that_lost_its_lease_cannot_delete_anything(backups):
+    make_dataset()
+    path = backup("fenced")
+    before = contents("default")
+    job = jobs.enqueue(
+        "restore.database", {"name": "fenced", "replace": True, "exclude": TEST_EXCLUDE}
+    )
+    stale, fresh = stale_and_fresh(job)
+    sha = hashlib.sha256((path / MANIFEST).read_bytes()).hexdigest()
+    stale.checkpoint = fresh.checkpoint = {"next": 2, "manifest": sha}
+    restore_op = get_operation("restore.database")
+    with pytest.raises(LeaseLost):
+        restore_op.run_unit(stale, Unit(key="clear"))
+    assert contents("default") == before
+    assert restore_op.run_unit(fresh, Unit(key="clear"))["deleted"] > 0
 
 
 # --- round trips and modes ----------------------------------------------------------------

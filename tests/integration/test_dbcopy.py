@@ -15,13 +15,14 @@ from django.db import connections
 
 from durable import jobs
 from durable.builtin.dbcopy import CopyForm
-from durable.errors import InputRejected
+from durable.errors import InputRejected, LeaseLost
+from durable.operations import Unit, get_operation
 from tests.conftest import wait_until
 from tests.opsapp.models import Sample, Tag
 
 from .dataset import TEST_EXCLUDE, alias_url, contents, make_dataset
 from .helpers import drain
-from .opscenarios import proc_state
+from .opscenarios import proc_state, stale_and_fresh
 
 PG = os.environ.get("DATABASE_URL", "").startswith("postgres")
 pytestmark = pytest.mark.django_db(databases=["default", "other"])
@@ -63,6 +64,19 @@ def test_copy__a_target_without_the_schema_is_refused_with_the_command_to_run():
     assert job.state == "failed"
     assert "lacks tables opsapp_sample_tags" in job.reason
     assert "migrate --database other" in job.reason
+
+
+def test_copy__a_worker_that_lost_its_lease_cannot_empty_the_target():
+    make_dataset()
+    copy(target="other", replace=True)
+    copied = contents("other")
+    job = jobs.enqueue("db.copy", {"target": "other", "replace": True, "exclude": TEST_EXCLUDE})
+    stale, fresh = stale_and_fresh(job)
+    copy_op = get_operation("db.copy")
+    with pytest.raises(LeaseLost):
+        copy_op.run_unit(stale, Unit(key="prepare"))
+    assert contents("other") == copied
+    assert copy_op.run_unit(fresh, Unit(key="prepare"))["deleted"] > 0
 
 
 @pytest.mark.parametrize(
