@@ -125,11 +125,13 @@ class BackupDatabase(Operation):
                 "snapshot",
                 "only for SQLite databases; for a point-in-time copy of PostgreSQL use pg_dump",
             )
+        exclude = inputs.exclude(data)
+        inputs.check_tables(database, exclude)
         return {
             "database": database,
             "name": name,
             "batch_size": inputs.batch_size(data, DEFAULT_BATCH),
-            "exclude": inputs.exclude(data),
+            "exclude": exclude,
             "snapshot": snapshot,
         }
 

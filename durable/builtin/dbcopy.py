@@ -40,7 +40,6 @@ from . import inputs
 from .fence import fenced
 from .tables import (
     Plan,
-    PlanError,
     TableSpec,
     batches,
     count_rows,
@@ -90,10 +89,7 @@ class CopyDatabase(Operation):
         if source == target or same_database(source, target):
             raise InputRejected("target", f"{target!r} is the same database as the source")
         exclude = inputs.exclude(data)
-        try:
-            plan_for(site_tables(source, exclude))
-        except (PlanError, ValueError) as exc:
-            raise InputRejected("exclude", f"the tables cannot be copied: {exc}") from None
+        inputs.check_tables(source, exclude)
         return {
             "source": source,
             "target": target,

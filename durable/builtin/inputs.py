@@ -13,7 +13,7 @@ from django import forms
 from django.conf import settings
 
 from ..errors import InputRejected
-from .tables import parse_exclude
+from .tables import PlanError, TableError, parse_exclude, plan_for, site_tables
 
 MAX_BATCH_SIZE = 100_000
 
@@ -42,6 +42,14 @@ def batch_size(data: Mapping[str, Any], default: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BATCH_SIZE:
         raise InputRejected("batch_size", f"must be an integer from 1 to {MAX_BATCH_SIZE:,}")
     return value
+
+
+def check_tables(alias: str, excluded: list[str]) -> None:
+    """Refuse at enqueue what would fail later: a table that cannot be handled, or no order."""
+    try:
+        plan_for(site_tables(alias, excluded))
+    except (PlanError, TableError) as exc:
+        raise InputRejected("exclude", f"{exc}; exclude it") from None
 
 
 def flag(data: Mapping[str, Any], name: str) -> bool:

@@ -114,11 +114,13 @@ class RestoreDatabase(Operation):
         root = backupdir.backup_root()
         if not (root / name).is_dir():
             raise InputRejected("name", f"there is no backup named {name!r} in {root}")
+        database, exclude = inputs.database_alias(data, "database"), inputs.exclude(data)
+        inputs.check_tables(database, exclude)
         return {
             "name": name,
-            "database": inputs.database_alias(data, "database"),
+            "database": database,
             "replace": inputs.flag(data, "replace"),
-            "exclude": inputs.exclude(data),
+            "exclude": exclude,
         }
 
     # --- planning ------------------------------------------------------------------

@@ -294,7 +294,8 @@ def spec_for(model: type[models.Model]) -> TableSpec:
         label=opts.label_lower,
         table=opts.db_table,
         model=model,
-        fields=tuple(opts.local_concrete_fields),
+        # Generated columns are computed by the database: never written, so not carried.
+        fields=tuple(f for f in opts.local_concrete_fields if not getattr(f, "generated", False)),
         pk=pk,
     )
 

@@ -9,14 +9,17 @@ from decimal import Decimal
 
 import pytest
 from django.db import models
+from django.test.utils import isolate_apps
 
 from durable.builtin.tables import (
     PlanError,
     TableDigest,
+    TableError,
     decode_value,
     encode_value,
     plan_order,
     row_bytes,
+    spec_for,
     units_for,
 )
 
@@ -190,3 +193,43 @@ def test_plan_order__handles_long_chains_without_recursion_limits():
     edges = {f"t{n:04d}": {"up": fk(f"t{n - 1:04d}")} for n in range(1, 3000)}
     edges["t0000"] = {}
     assert plan_order(edges).order == tuple(f"t{n:04d}" for n in range(3000))
+
+
+# --- which columns a table carries ---------------------------------------------------------
+
+
+@isolate_apps("tests.opsapp")
+def test_spec__carries_a_multi_table_child_s_own_columns_but_no_generated_ones():
+    class Parent(models.Model):  # noqa: DJ008 - a throwaway model
+        name = models.CharField(max_length=10)
+
+        class Meta:
+            app_label = "opsapp"
+
+    class Child(Parent):  # noqa: DJ008 - a throwaway model
+        size = models.IntegerField()
+        double = models.GeneratedField(
+            expression=models.F("size") * 2, output_field=models.IntegerField(), db_persist=True
+        )
+
+        class Meta:
+            app_label = "opsapp"
+
+    spec = spec_for(Child)
+    assert spec.columns == ["parent_ptr_id", "size"]  # the parent's columns are its own table's
+    assert spec.pk.attname == "parent_ptr_id"
+    assert spec.foreign_keys() == {"parent_ptr_id": ("opsapp.parent", False)}
+
+
+@isolate_apps("tests.opsapp")
+def test_spec__refuses_a_composite_primary_key_by_name():
+    class Pair(models.Model):  # noqa: DJ008 - a throwaway model
+        pk = models.CompositePrimaryKey("a", "b")
+        a = models.IntegerField()
+        b = models.IntegerField()
+
+        class Meta:
+            app_label = "opsapp"
+
+    with pytest.raises(TableError, match=r"opsapp\.pair has a composite primary key"):
+        spec_for(Pair)
