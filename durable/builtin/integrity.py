@@ -55,6 +55,7 @@ from .inventory import (
     clean_prefix,
     keys_after,
     severity,
+    storable,
     take_batch,
 )
 from .models import IntegrityScope, InventoryEntry
@@ -205,15 +206,25 @@ class IntegrityScan(Operation):
             yield Unit(key="report", checkpoint={"phase": "done"})
 
     def _file_units(self, ctx: JobContext, after: str | None, number: int) -> Iterator[Unit]:
-        keys = keys_after(self._listdir(ctx), ctx.input["prefix"], after)
+        skipped: list[str] = []
+
+        def usable(key: str) -> bool:
+            if storable(key):
+                return True
+            skipped.append(key)  # counted in the batch's result, named in the log
+            return False
+
+        keys = filter(usable, keys_after(self._listdir(ctx), ctx.input["prefix"], after))
         while batch := take_batch(
             keys, max_files=ctx.input["batch_files"], max_bytes=MAX_PAYLOAD_BYTES
         ):
             yield Unit(
                 key=f"files:{number}",
-                payload={"keys": batch},
+                payload={"keys": batch, "skipped": [ascii(key) for key in skipped[:LISTED]],
+                         "skipped_count": len(skipped)},
                 checkpoint={"phase": "scan", "after": batch[-1], "n": number + 1},
-            )
+            )  # fmt: skip
+            skipped.clear()
             number += 1
 
     def _table_units(self, ctx: JobContext, after: str | None) -> Iterator[Unit]:
@@ -275,6 +286,11 @@ class IntegrityScan(Operation):
                 observed[key] = read_state(storage, key)
             except FileNotFoundError:
                 continue  # deleted since it was listed: the sweep reports it if it was known
+        if unit.payload.get("skipped_count"):
+            ctx.logger.warning(
+                "file names that are not valid UTF-8 were skipped",
+                extra={"job": ctx.job_id, "names": unit.payload["skipped"]},
+            )
         now = timezone.now()
         findings: list[tuple[str, str]] = []
         with transaction.atomic():
@@ -322,7 +338,11 @@ class IntegrityScan(Operation):
             row.save(update_fields=["tallies"])
             if findings:
                 self._announce_findings(ctx, unit.key, findings)
-        return {"checked": len(observed), "findings": len(findings)}
+        return {
+            "checked": len(observed),
+            "findings": len(findings),
+            "skipped": unit.payload.get("skipped_count", 0),
+        }
 
     def _announce_findings(
         self, ctx: JobContext, key: str, findings: list[tuple[str, str]]

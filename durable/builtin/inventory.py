@@ -14,6 +14,7 @@ NEW, OK, MODIFIED, CORRUPTED, MISSING = "new", "ok", "modified", "corrupted", "m
 FINDINGS = (MODIFIED, CORRUPTED, MISSING)
 SEVERITY = {CORRUPTED: "error", MODIFIED: "warning", MISSING: "warning"}
 _RANK = {"info": 0, "warning": 1, "error": 2}
+MAX_DEPTH = 64
 
 Listdir = Callable[[str], tuple[Iterable[str], Iterable[str]]]
 
@@ -55,17 +56,23 @@ def _parts(key: str) -> tuple[str, ...]:
     return tuple(key.split("/")) if key else ()
 
 
-def keys_after(listdir: Listdir, top: str, after: str | None) -> Iterator[str]:
+def keys_after(
+    listdir: Listdir, top: str, after: str | None, *, max_depth: int = MAX_DEPTH
+) -> Iterator[str]:
     """File keys under ``top`` in a stable order, strictly after the key ``after``.
 
     The order compares keys as tuples of path components (a directory's
     files come right where the directory sorts), which is exactly the order
     of a depth-first walk with sorted entries — so a scan can resume from its
-    last key by skipping whole subtrees that sort before it.
+    last key by skipping whole subtrees that sort before it. Directories
+    deeper than ``max_depth`` are not entered: a symbolic link to a parent
+    directory would otherwise make the walk endless.
     """
     stop = _parts(after) if after else None
 
     def walk(parts: tuple[str, ...]) -> Iterator[str]:
+        if len(parts) > max_depth:
+            return
         dirs, files = listdir("/".join(parts))
         entries = sorted([(name, True) for name in dirs] + [(name, False) for name in files])
         for name, is_dir in entries:
@@ -81,6 +88,15 @@ def keys_after(listdir: Listdir, top: str, after: str | None) -> Iterator[str]:
                 yield "/".join(path)
 
     yield from walk(_parts(top))
+
+
+def storable(key: str) -> bool:
+    """A key the inventory can store: valid UTF-8 (a file name may be any bytes)."""
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def take_batch(keys: Iterator[str], *, max_files: int, max_bytes: int) -> list[str]:

@@ -154,6 +154,16 @@ def test_storage__first_scan_records_a_baseline_and_reports_ok(scan_root):
     assert InventoryEntry.objects.filter(scope="storage:scan:", status="ok").count() == len(FILES)
 
 
+def test_storage__names_that_are_not_utf8_are_skipped_and_counted(scan_root):
+    write_files(scan_root, {"ok.txt": b"fine"})
+    with open(os.path.join(os.fsencode(scan_root), b"caf\xe9.txt"), "wb") as handle:
+        handle.write(b"latin-1 name")
+    job = scan(storage="scan")
+    assert job.state == "completed", job.reason
+    assert job.unit_results.get(key="files:0").result == {"checked": 1, "findings": 0, "skipped": 1}
+    assert list(InventoryEntry.objects.values_list("key", flat=True)) == ["ok.txt"]
+
+
 def test_storage__a_missing_file_that_comes_back_is_compared_with_what_it_was(scan_root):
     write_files(scan_root, FILES)
     scan(storage="scan")

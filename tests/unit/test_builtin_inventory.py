@@ -16,6 +16,7 @@ from durable.builtin.inventory import (
     clean_prefix,
     keys_after,
     severity,
+    storable,
     take_batch,
 )
 
@@ -135,3 +136,16 @@ def test_clean_prefix(raw, clean):
 def test_clean_prefix__refuses_escapes(raw):
     with pytest.raises(ValueError, match="relative path"):
         clean_prefix(raw)
+
+
+def test_keys_after__a_link_loop_ends_at_the_depth_limit():
+    def looping(path):  # "loop" links back to its parent: loop/loop/loop/...
+        return (["loop"], ["f"])
+
+    keys = list(keys_after(looping, "", None, max_depth=3))
+    assert keys == ["f", "loop/f", "loop/loop/f", "loop/loop/loop/f"]
+
+
+def test_storable__file_names_that_are_not_utf8_cannot_be_stored():
+    assert storable("ünïcødé ✓.txt")
+    assert not storable(b"caf\xe9.txt".decode("utf-8", "surrogateescape"))
