@@ -186,7 +186,8 @@ class IntegrityScan(Operation):
     def total_units(self, ctx: JobContext) -> int:
         if ctx.input["target"] == "database":
             return len(self._tables(ctx)) + 2
-        files = sum(1 for _ in keys_after(self._listdir(ctx), ctx.input["prefix"], None))
+        keys = keys_after(self._listdir(ctx), ctx.input["prefix"], None)
+        files = sum(1 for key in keys if storable(key))
         return -(-files // ctx.input["batch_files"]) + 3
 
     def units(self, ctx: JobContext) -> Iterator[Unit]:
