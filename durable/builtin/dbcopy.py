@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from django import forms
-from django.db import connections, router
+from django.db import IntegrityError, connections, router
 
 from .. import faults
 from ..errors import InputRejected, NonRetryable
@@ -167,7 +167,14 @@ class CopyDatabase(Operation):
             spec = specs[unit.payload["table"]]
             rows = read_rows(spec, source, unit.payload["after"], unit.payload["upto"])
             null = plan.deferred.get(spec.label, ()) if step == "copy" else ()
-            return {"rows": upsert(spec, target, rows, null=null)}
+            try:
+                return {"rows": upsert(spec, target, rows, null=null)}
+            except IntegrityError as exc:
+                # A verdict on the data (a unique or foreign key conflict), not a glitch.
+                raise NonRetryable(
+                    f"the target refused {spec.label} rows after {unit.payload['after']!r} "
+                    f"up to {unit.payload['upto']!r}: {exc}"
+                ) from exc
         if step == "sequences":
             return {"statements": reset_sequences([specs[label] for label in plan.order], target)}
         if step == "verify":
@@ -197,8 +204,14 @@ class CopyDatabase(Operation):
                 "migrate both databases to the same version first"
             )
         if ctx.input["replace"]:
-            with fenced(ctx):  # a worker that lost the job must not delete what others copied
-                deleted = delete_all(ordered, target)
+            try:
+                with fenced(ctx):  # a worker that lost the job must not delete others' work
+                    deleted = delete_all(ordered, target)
+            except IntegrityError as exc:
+                raise NonRetryable(
+                    f"the target's rows cannot be deleted ({exc}); a table left out of the copy "
+                    "still references them"
+                ) from exc
             return {"deleted": sum(deleted.values())}
         occupied = [
             f"{spec.table} ({n} rows)" for spec in ordered if (n := count_rows(spec, target))

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from django import forms
+from django.db import IntegrityError
 
 from ..errors import InputRejected, NonRetryable
 from ..operations import JobContext, Operation, Unit, register
@@ -194,8 +195,14 @@ class RestoreDatabase(Operation):
         alias = ctx.input["database"]
         order, deferred = self._plan(ctx, manifest)
         if step == "clear":
-            with fenced(ctx):  # a worker that lost the job must not delete what others restored
-                deleted = delete_all([site[label] for label in order], alias)
+            try:
+                with fenced(ctx):  # a worker that lost the job must not delete others' work
+                    deleted = delete_all([site[label] for label in order], alias)
+            except IntegrityError as exc:
+                raise NonRetryable(
+                    f"the current rows cannot be deleted ({exc}); a table left out of the "
+                    "restore still references them"
+                ) from exc
             return {"deleted": sum(deleted.values())}
         if step in ("load", "link"):
             label, number = rest.rsplit(":", 1)
@@ -206,7 +213,13 @@ class RestoreDatabase(Operation):
             )
             rows = reorder(rows, table["columns"], spec.columns)
             null = deferred.get(label, ()) if step == "load" else ()
-            return {"rows": upsert(spec, alias, rows, null=null)}
+            try:
+                return {"rows": upsert(spec, alias, rows, null=null)}
+            except IntegrityError as exc:
+                # A verdict on the data (a unique or foreign key conflict), not a glitch.
+                raise NonRetryable(
+                    f"the database refused the rows of {table['parts'][int(number)]['file']}: {exc}"
+                ) from exc
         if step == "sequences":
             return {"statements": reset_sequences([site[label] for label in order], alias)}
         if step == "finish":

@@ -20,6 +20,7 @@ from pathlib import Path
 from subprocess import PIPE, STDOUT
 
 import pytest
+from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.db import connections
 from django.test import TestCase
@@ -266,6 +267,19 @@ def test_merge__brings_back_deleted_and_changed_rows_and_keeps_new_ones(backups)
     assert Tag.objects.get(code="added-later").title == "new"
     event = RecordedEvent.objects.get(job_id=job.pk)
     assert (event.type, event.done, event.deleted_data) == ("restore-backup", True, False)
+
+
+@using("other")
+def test_merge__a_row_colliding_on_another_unique_column_fails_at_once_and_says_where(backups):
+    make_dataset()
+    backup("collide")
+    user = User.objects.get(username="user1")
+    user.delete()
+    User.objects.create_user("user1")  # the same name again, under a new id
+    job = restore("collide")
+    assert (job.state, job.attempts) == ("failed", 1)  # a verdict on the data, not retried
+    assert "the database refused the rows of auth.user.000000.jsonl.gz" in job.reason
+    assert "username" in job.reason.lower() or "unique" in job.reason.lower()
 
 
 @using("other")
