@@ -269,7 +269,6 @@ def test_merge__brings_back_deleted_and_changed_rows_and_keeps_new_ones(backups)
     assert (event.type, event.done, event.deleted_data) == ("restore-backup", True, False)
 
 
-@using("other")
 def test_merge__a_row_colliding_on_another_unique_column_fails_at_once_and_says_where(backups):
     make_dataset()
     backup("collide")
