@@ -69,4 +69,7 @@ else:
             "TEST": {"NAME": f"{_default['TEST']['NAME']}_other"},
         },
     )
-DATABASES["lite"] = _second("lite", _sqlite("lite"))
+# Its own file on each leg, so the two legs can run side by side in one checkout.
+DATABASES["lite"] = _second(
+    "lite", _sqlite("lite" if _default["ENGINE"] == "django.db.backends.sqlite3" else "lite-pg")
+)

@@ -98,6 +98,8 @@ class OperationCommand(BaseCommand):
             job = wait_for(job_id, self.stdout)
         except KeyboardInterrupt:
             worker.stop()
+            self.stdout.write("interrupted: stopping at the next unit boundary")
+            self.stdout.flush()
             thread.join()
             raise CommandError(
                 f"interrupted: job {job_id} stops at its next unit boundary and continues "

@@ -12,9 +12,11 @@ import gzip
 import hashlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 from subprocess import PIPE, STDOUT
@@ -22,7 +24,7 @@ from subprocess import PIPE, STDOUT
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
-from django.db import connections
+from django.db import connections, transaction
 from django.test import TestCase
 from django.utils import timezone
 
@@ -43,6 +45,9 @@ from .dataset import TEST_EXCLUDE, alias_url, backup_contents, contents, make_da
 from .helpers import drain
 from .opscenarios import proc_state, stale_and_fresh
 
+# Long enough that a live worker on this busy 2-core machine never loses its lease
+# to a late renewal: a reclaim here would be noise, not the scenario under test.
+LEASE = 10.0
 pytestmark = pytest.mark.django_db
 # Another process or thread must see the test's rows: they must really be committed.
 committed = pytest.mark.django_db(transaction=True)
@@ -333,7 +338,7 @@ def test_backup__damage_found_right_after_publishing_is_reported(backups, worker
     make_dataset(samples=3)
     job = jobs.enqueue("backup.database", {"name": "rots", "exclude": TEST_EXCLUDE})
     env = {"DURABLE_BACKUP_DIR": str(backups)}
-    proc = workers.start("--burst", faults="backup.after_publish:1:stop", env=env)
+    proc = workers.start("--burst", faults="backup.after_publish:1:stop", lease=LEASE, env=env)
     wait_until(lambda: (backups / "rots" / SUMS).exists())
     flip_byte(backups / "rots")  # the disk rots between publishing and verifying
     os.kill(proc.pid, signal.SIGCONT)
@@ -364,7 +369,7 @@ def test_backup__writes_during_the_backup(backups, workers, snapshot):
     )
     env = {"DURABLE_BACKUP_DIR": str(backups)}
     # Stopped after a few parts: the first table read is the last in foreign-key order.
-    proc = workers.start("--burst", faults="after_checkpoint:3:stop", env=env)
+    proc = workers.start("--burst", faults="after_checkpoint:3:stop", lease=LEASE, env=env)
     wait_until(lambda: proc_state(proc.pid) == "T")
     Sample.objects.filter(pk=Sample.objects.order_by("pk")[0].pk).delete()
     Tag.objects.create(code="written-during-the-backup")
@@ -393,9 +398,9 @@ def test_backup__a_snapshot_backup_resumes_from_its_snapshot_after_a_crash(backu
         {"name": "snap", "batch_size": 4, "exclude": TEST_EXCLUDE, "snapshot": True},
     )
     env = {"DURABLE_BACKUP_DIR": str(backups)}
-    assert workers.run(faults="after_unit:4", env=env).returncode == -signal.SIGKILL
+    assert workers.run(faults="after_unit:4", lease=LEASE, env=env).returncode == -signal.SIGKILL
     Sample.objects.all().delete()  # the site writes while no worker runs the backup
-    assert workers.run(env=env).returncode == 0
+    assert workers.run(lease=LEASE, env=env).returncode == 0
     job.refresh_from_db()
     assert (job.state, job.reclaims) == ("completed", 1)
     assert backup_contents(backups / "snap") == at_start
@@ -515,7 +520,7 @@ def test_commands__restore_of_a_damaged_backup_fails_the_command(backups):
 @committed
 def test_commands__wait_follows_a_worker(backups, workers, capsys):
     make_dataset(samples=3)
-    worker = workers.start(env={"DURABLE_BACKUP_DIR": str(backups)})
+    worker = workers.start(lease=LEASE, env={"DURABLE_BACKUP_DIR": str(backups)})
     call_command("backup_database", "--name", "waited", "--wait", *_excludes())
     assert "backup waited published and verified" in capsys.readouterr().out
     worker.send_signal(signal.SIGTERM)
@@ -525,23 +530,31 @@ def test_commands__wait_follows_a_worker(backups, workers, capsys):
 @committed
 def test_commands__ctrl_c_leaves_an_inline_job_to_continue_where_it_stopped(backups, workers):
     make_dataset(samples=3)
-    env = workers.env(faults="after_checkpoint:3:stop", DURABLE_BACKUP_DIR=str(backups))
+    env = workers.env(faults="after_checkpoint:2:stop", DURABLE_BACKUP_DIR=str(backups))
     command = [sys.executable, "manage.py", "backup_database", "--name", "nightly", "--inline"]
     first = subprocess.Popen(
         [*command, *_excludes()], cwd=BASE_DIR, env=env, stdout=PIPE, stderr=STDOUT, text=True
     )
     try:
-        wait_until(lambda: proc_state(first.pid) == "T")  # three units done
-        os.kill(first.pid, signal.SIGINT)  # Ctrl-C, delivered when it continues
-        os.kill(first.pid, signal.SIGCONT)
+        wait_until(lambda: proc_state(first.pid) == "T")  # two units done
+        job = Job.objects.get(input__name="nightly")
+        with transaction.atomic():
+            # Hold the job's row: the worker thread cannot commit another unit until the
+            # command has taken the Ctrl-C, so the test does not race it.
+            Job.objects.select_for_update().get(pk=job.pk)
+            os.kill(first.pid, signal.SIGINT)  # Ctrl-C, delivered when it continues
+            os.kill(first.pid, signal.SIGCONT)
+            read_until(first, "interrupted: stopping at the next unit boundary")
         out, _ = first.communicate(timeout=60)
     finally:
         first.kill()
     assert first.returncode == 1, out
     assert "continues from its checkpoint when run again" in out
-    job = Job.objects.get(input__name="nightly")
+    job.refresh_from_db()
     assert (job.state, job.lease_owner) == ("queued", None)
-    assert 3 <= job.units_done < job.units_total
+    # Stopped at the boundary it reached first: right away, or after the unit it had begun.
+    assert job.units_done in (2, 3)
+    assert job.units_done < job.units_total
     assert job.attempts == 0
 
     env["DURABLE_FAULTS"] = ""
@@ -554,6 +567,20 @@ def test_commands__ctrl_c_leaves_an_inline_job_to_continue_where_it_stopped(back
     job.refresh_from_db()
     assert job.state == "completed"
     assert Job.objects.filter(operation="backup.database").count() == 1
+
+
+def read_until(proc: subprocess.Popen, text: str, timeout: float = 30.0) -> str:
+    """Read the process's output line by line until a line contains ``text``."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.1)
+        if ready:
+            line = proc.stdout.readline()
+            seen.append(line)
+            if text in line:
+                return "".join(seen)
+    pytest.fail(f"{text!r} not seen within {timeout}s; output so far:\n{''.join(seen)}")
 
 
 def _excludes() -> list[str]:

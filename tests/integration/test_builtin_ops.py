@@ -27,6 +27,9 @@ from tests.conftest import wait_until
 from .helpers import drain
 from .opscenarios import SCENARIOS, Env, Scenario, proc_state
 
+# Long enough that a live worker on this busy 2-core machine never loses its lease
+# to a late renewal: a reclaim here would be noise, not the scenario under test.
+LEASE = 10.0
 pytestmark = pytest.mark.slow
 
 
@@ -77,13 +80,13 @@ def test_completes(scenario, env):
 def test_crash_before_checkpoint__repeats_nothing_that_was_checkpointed(scenario, env, workers):
     case = scenario.cases(env)[0]
     job = jobs.enqueue(scenario.operation, case.input)
-    crashed = workers.run(faults="before_unit:3", env=env.worker_env())
+    crashed = workers.run(faults="before_unit:3", lease=LEASE, env=env.worker_env())
     assert crashed.returncode == -signal.SIGKILL, workers.log(crashed)
     job.refresh_from_db()
     assert (job.state, job.units_done) == ("running", 2)
     first_two = set(job.unit_results.values_list("key", "created_at"))
 
-    resumed = workers.run(env=env.worker_env())
+    resumed = workers.run(lease=LEASE, env=env.worker_env())
     assert resumed.returncode == 0, workers.log(resumed)
     job.refresh_from_db()
     case.check(job)
@@ -96,12 +99,12 @@ def test_crash_before_checkpoint__repeats_nothing_that_was_checkpointed(scenario
 def test_crash_after_side_effect__the_replay_does_not_duplicate_it(scenario, point, env, workers):
     case = scenario.cases(env)[0]
     job = jobs.enqueue(scenario.operation, case.input)
-    crashed = workers.run(faults=point, env=env.worker_env())
+    crashed = workers.run(faults=point, lease=LEASE, env=env.worker_env())
     assert crashed.returncode == -signal.SIGKILL, workers.log(crashed)
     job.refresh_from_db()
     assert job.state == "running"
 
-    resumed = workers.run(env=env.worker_env())
+    resumed = workers.run(lease=LEASE, env=env.worker_env())
     assert resumed.returncode == 0, workers.log(resumed)
     job.refresh_from_db()
     case.check(job)  # includes: every event once, every row once
@@ -121,7 +124,7 @@ def test_expired_lease__another_worker_takes_over_and_the_stale_one_changes_noth
     assert job.units_done == 1
     wait_until(lambda: Job.objects.get(pk=job.pk).lease_expires_at < timezone.now(), timeout=10)
 
-    rescuer = workers.run(env=env.worker_env())
+    rescuer = workers.run(lease=LEASE, env=env.worker_env())
     assert rescuer.returncode == 0, workers.log(rescuer)
     job.refresh_from_db()
     case.check(job)
@@ -138,7 +141,7 @@ def test_expired_lease__another_worker_takes_over_and_the_stale_one_changes_noth
 def test_concurrent_workers__each_job_runs_in_one_place_at_a_time(scenario, env, workers):
     cases = scenario.cases(env, count=2)
     created = [jobs.enqueue(scenario.operation, case.input) for case in cases]
-    procs = [workers.start("--burst", env=env.worker_env()) for _ in range(2)]
+    procs = [workers.start("--burst", lease=LEASE, env=env.worker_env()) for _ in range(2)]
     for proc in procs:
         assert proc.wait(timeout=120) == 0, workers.log(proc)
     for case, job in zip(cases, created, strict=True):
@@ -152,7 +155,9 @@ def test_concurrent_workers__each_job_runs_in_one_place_at_a_time(scenario, env,
 def _stopped_mid_job(scenario, env, workers, action):
     case = scenario.cases(env)[0]
     job = jobs.enqueue(scenario.operation, case.input)
-    proc = workers.start("--burst", faults="after_checkpoint:2:stop", env=env.worker_env())
+    proc = workers.start(
+        "--burst", faults="after_checkpoint:2:stop", lease=LEASE, env=env.worker_env()
+    )
     wait_until(lambda: proc_state(proc.pid) == "T")  # two units checkpointed
     assert getattr(jobs, action)(job.pk, actor="ops").applied
     os.kill(proc.pid, signal.SIGCONT)
@@ -166,7 +171,7 @@ def test_pause__stops_at_a_unit_boundary_and_resumes_from_the_checkpoint(scenari
     assert (job.state, job.lease_owner) == ("paused", None)
     assert 2 <= job.units_done < job.units_total
     assert jobs.resume(job.pk, actor="ops").applied
-    assert workers.run(env=env.worker_env()).returncode == 0
+    assert workers.run(lease=LEASE, env=env.worker_env()).returncode == 0
     job.refresh_from_db()
     case.check(job)
     assert kinds(job).count("resumed") == 1

@@ -25,6 +25,9 @@ from .helpers import drain
 from .opscenarios import proc_state, stale_and_fresh
 
 PG = os.environ.get("DATABASE_URL", "").startswith("postgres")
+# Long enough that a live worker on this busy 2-core machine never loses its lease
+# to a late renewal: a reclaim here would be noise, not the scenario under test.
+LEASE = 10.0
 pytestmark = pytest.mark.django_db(databases=["default", "other"])
 
 
@@ -127,7 +130,7 @@ def test_verify__a_write_to_the_target_during_the_copy_fails_the_job(workers):
     make_dataset()
     job = jobs.enqueue("db.copy", {"target": "other", "replace": True, "exclude": TEST_EXCLUDE})
     env = {"TEST_OTHER_DATABASE_URL": alias_url("other")}
-    proc = workers.start("--burst", faults="dbcopy.before_verify:1:stop", env=env)
+    proc = workers.start("--burst", faults="dbcopy.before_verify:1:stop", lease=LEASE, env=env)
     wait_until(lambda: proc_state(proc.pid) == "T")  # stopped before verifying
     Sample.objects.using("other").filter(name__startswith="sample 3 ").update(count=999)
     os.kill(proc.pid, signal.SIGCONT)
