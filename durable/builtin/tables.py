@@ -37,6 +37,7 @@ from django.utils.duration import duration_string
 
 ENGINE_APP = "durable"
 MAX_DIGEST = 2**256
+MAX_PARAMETERS = 65535
 
 # --- values ---------------------------------------------------------------------------
 
@@ -468,7 +469,9 @@ def upsert(
     others = [f for f in spec.fields if f is not spec.pk]
     conflict = OnConflict.UPDATE if others else OnConflict.IGNORE
     connection = connections[alias]
-    size = max(connection.ops.bulk_batch_size(list(spec.fields), objs), 1)
+    # PostgreSQL with server-side binding takes at most 65535 parameters per statement.
+    limit = MAX_PARAMETERS // len(spec.fields)
+    size = max(min(connection.ops.bulk_batch_size(list(spec.fields), objs), limit), 1)
     manager = spec.model._base_manager
     with transaction.atomic(using=alias):
         for start in range(0, len(objs), size):
