@@ -219,3 +219,8 @@ class WorkerProcess(models.Model):
 # Models of the engine's sub-packages, registered with this app.
 from . import external_models  # noqa: E402,F401 - outbound HTTP, webhook, mail, credentials
 from .api.models import Client, IdempotencyKey  # noqa: E402,F401 - the HTTP API
+from .builtin.models import (  # noqa: E402,F401 - backup, restore, integrity scans
+    Announcement,
+    IntegrityScope,
+    InventoryEntry,
+)

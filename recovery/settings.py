@@ -242,6 +242,14 @@ DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "durable@localhost")
 # Credential reference for the SMTP password (resolved at send time, never stored in settings).
 DURABLE_MAIL_PASSWORD_REF = os.environ.get("DURABLE_MAIL_PASSWORD_REF", "")
 DURABLE_MAIL_SUBJECT_PREFIX = os.environ.get("DURABLE_MAIL_SUBJECT_PREFIX", "durable")
+# --- Built-in operations: backup, restore, db.copy, integrity scans -------------
+
+# Where backup.database writes backups and restore.database reads them. A job
+# names a backup (one path component); it never passes a path of its own.
+DURABLE_BACKUP_DIR = Path(os.environ.get("DURABLE_BACKUP_DIR", VAR_DIR / "backups"))
+# Apps whose tables restore.database never writes: the recovery history is an
+# audit log, and a restore must not erase the events that explain it.
+DURABLE_RESTORE_KEEP_APPS = env_list("DURABLE_RESTORE_KEEP_APPS", "recovery")
 
 # --- Logging ------------------------------------------------------------------
 

@@ -1,0 +1,243 @@
+"""``db.copy``: this site's tables from one configured database to another.
+
+The way from the embedded SQLite database to PostgreSQL (or back, or between
+two PostgreSQL servers). Both databases are aliases in ``DATABASES``; the
+target must already have the schema (``migrate --database TARGET``).
+
+Units, in order:
+
+1. ``prepare`` — check that every table exists on the target with every
+   column; then either refuse a target whose tables hold rows, or, with
+   ``replace``, delete those rows in one transaction;
+2. ``copy:<model>:<n>`` — one batch of one table in primary-key order, read
+   from the source with one SELECT and upserted into the target in one
+   transaction. The checkpoint is (table, last primary key), so a restart
+   continues with the next batch and a repeated batch rewrites the same rows.
+   Foreign keys inside a cycle (a self-reference) are written as NULL here…
+3. ``link:<model>:<n>`` — …and set by upserting those batches again once
+   every row of the cycle is on the target;
+4. ``sequences`` — move the target's PostgreSQL sequences past the copied ids;
+5. ``verify:<model>`` — count the rows and compute an order-independent
+   digest of every value on both sides; any difference fails the job
+   (non-retryable: copy again with the site's writers stopped).
+
+The engine's own tables (jobs and their events) are not copied: this job is
+running in them. See README "Moving to another database" for the switch-over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from django import forms
+from django.db import IntegrityError, connections, router
+
+from .. import faults
+from ..errors import InputRejected, NonRetryable
+from ..operations import JobContext, Operation, Unit, register
+from . import inputs
+from .fence import fenced
+from .tables import (
+    Plan,
+    TableSpec,
+    batches,
+    count_rows,
+    delete_all,
+    digest_table,
+    missing_tables,
+    plan_for,
+    read_rows,
+    reset_sequences,
+    same_database,
+    site_tables,
+    units_for,
+    upsert,
+)
+
+DEFAULT_BATCH = 1000
+FIELDS = ("source", "target", "replace", "batch_size", "exclude")
+MAX_LISTED = 10
+
+
+class CopyForm(forms.Form):
+    source = forms.ChoiceField(choices=inputs.database_choices, initial="default")
+    target = forms.ChoiceField(choices=inputs.database_choices)
+    replace = forms.BooleanField(
+        required=False,
+        help_text="Delete the target's rows of the copied tables first (needed after migrate, "
+        "which creates content types and permissions).",
+    )
+    batch_size = inputs.batch_size_field(DEFAULT_BATCH, "Rows per unit.")
+    exclude = inputs.ExcludeField()
+
+
+@register
+class CopyDatabase(Operation):
+    name = "db.copy"
+    label = "Copy the database to another"
+    description = "Copy this site's tables to another configured database, then verify them."
+    max_attempts = 5
+    input_form = CopyForm
+
+    # --- enqueue -------------------------------------------------------------------
+
+    def clean_input(self, data: dict[str, Any]) -> dict[str, Any]:
+        inputs.reject_unknown(data, FIELDS)
+        source = inputs.database_alias(data, "source")
+        target = inputs.database_alias(data, "target", default=None)
+        if source == target or same_database(source, target):
+            raise InputRejected("target", f"{target!r} is the same database as the source")
+        exclude = inputs.exclude(data)
+        inputs.check_tables(source, exclude)
+        return {
+            "source": source,
+            "target": target,
+            "replace": inputs.flag(data, "replace"),
+            "batch_size": inputs.batch_size(data, DEFAULT_BATCH),
+            "exclude": exclude,
+        }
+
+    # --- planning ------------------------------------------------------------------
+
+    def _tables(self, ctx: JobContext) -> tuple[dict[str, TableSpec], Plan]:
+        specs = site_tables(ctx.input["source"], ctx.input["exclude"])
+        specs = [s for s in specs if _allowed(s, ctx.input["target"])]
+        return {spec.label: spec for spec in specs}, plan_for(specs)
+
+    def total_units(self, ctx: JobContext) -> int:
+        specs, plan = self._tables(ctx)
+        size, source = ctx.input["batch_size"], ctx.input["source"]
+        batches_per = {label: units_for(count_rows(specs[label], source), size) for label in specs}
+        linked = sum(batches_per[label] for label in plan.deferred)
+        return 2 + sum(batches_per.values()) + linked + len(specs)
+
+    def units(self, ctx: JobContext) -> Iterator[Unit]:
+        checkpoint = ctx.checkpoint or {"phase": "prepare"}
+        specs, plan = self._tables(ctx)
+        phase = checkpoint["phase"]
+        if phase == "prepare":
+            yield Unit(key="prepare", checkpoint={"phase": "copy"})
+            phase, checkpoint = "copy", {}
+        for stage, order in (("copy", plan.order), ("link", [*plan.deferred])):
+            if phase != stage:
+                continue
+            ordered = [label for label in plan.order if label in order]
+            try:
+                for batch in batches(
+                    specs,
+                    ordered,
+                    ctx.input["source"],
+                    ctx.input["batch_size"],
+                    table=checkpoint.get("table"),
+                    after=checkpoint.get("after"),
+                    index=checkpoint.get("n", 0),
+                ):
+                    yield Unit(
+                        key=f"{stage}:{batch.label}:{batch.index}",
+                        payload={"table": batch.label, "after": batch.after, "upto": batch.upto},
+                        checkpoint={
+                            "phase": stage,
+                            "table": batch.label,
+                            "after": batch.upto,
+                            "n": batch.index + 1,
+                        },
+                    )
+            except ValueError as exc:
+                raise NonRetryable(f"the site's tables changed during the copy: {exc}") from None
+            phase, checkpoint = ("link" if stage == "copy" else "sequences"), {}
+        if phase == "sequences":
+            yield Unit(key="sequences", checkpoint={"phase": "verify"})
+            phase, checkpoint = "verify", {}
+        if phase == "verify":
+            labels = list(plan.order)
+            start = labels.index(checkpoint["table"]) + 1 if checkpoint.get("table") else 0
+            for label in labels[start:]:
+                yield Unit(key=f"verify:{label}", checkpoint={"phase": "verify", "table": label})
+
+    # --- units ---------------------------------------------------------------------
+
+    def run_unit(self, ctx: JobContext, unit: Unit) -> Any:
+        specs, plan = self._tables(ctx)
+        source, target = ctx.input["source"], ctx.input["target"]
+        step = unit.key.split(":", 1)[0]
+        if step == "prepare":
+            return self._prepare(ctx, specs, plan)
+        if step in ("copy", "link"):
+            spec = specs[unit.payload["table"]]
+            rows = read_rows(spec, source, unit.payload["after"], unit.payload["upto"])
+            null = plan.deferred.get(spec.label, ()) if step == "copy" else ()
+            try:
+                return {"rows": upsert(spec, target, rows, null=null)}
+            except IntegrityError as exc:
+                # A verdict on the data (a unique or foreign key conflict), not a glitch.
+                raise NonRetryable(
+                    f"the target refused {spec.label} rows after {unit.payload['after']!r} "
+                    f"up to {unit.payload['upto']!r}: {exc}"
+                ) from exc
+        if step == "sequences":
+            return {"statements": reset_sequences([specs[label] for label in plan.order], target)}
+        if step == "verify":
+            faults.reach("dbcopy.before_verify")
+            spec = specs[unit.key.split(":", 1)[1]]
+            ours, theirs = digest_table(spec, source), digest_table(spec, target)
+            if ours != theirs:
+                raise NonRetryable(
+                    f"{spec.label} differs after the copy: source {ours.rows} rows "
+                    f"(digest {ours.hexdigest()[:12]}), target {theirs.rows} rows "
+                    f"(digest {theirs.hexdigest()[:12]}); stop the site's writers and copy again"
+                )
+            return ours.as_dict()
+        raise NonRetryable(f"unknown copy step {unit.key!r}")
+
+    def _prepare(self, ctx: JobContext, specs: dict[str, TableSpec], plan: Plan) -> dict:
+        target = ctx.input["target"]
+        ordered = [specs[label] for label in plan.order]
+        if missing := missing_tables(target, ordered):
+            raise NonRetryable(
+                f"the target {target!r} lacks tables {', '.join(missing[:MAX_LISTED])}: "
+                f"run `python manage.py migrate --database {target}` first"
+            )
+        if problems := _column_problems(ordered, target):
+            raise NonRetryable(
+                f"the target's schema differs: {'; '.join(problems[:MAX_LISTED])}; "
+                "migrate both databases to the same version first"
+            )
+        if ctx.input["replace"]:
+            try:
+                with fenced(ctx):  # a worker that lost the job must not delete others' work
+                    deleted = delete_all(ordered, target)
+            except IntegrityError as exc:
+                raise NonRetryable(
+                    f"the target's rows cannot be deleted ({exc}); a table left out of the copy "
+                    "still references them"
+                ) from exc
+            return {"deleted": sum(deleted.values())}
+        occupied = [
+            f"{spec.table} ({n} rows)" for spec in ordered if (n := count_rows(spec, target))
+        ]
+        if occupied:
+            raise NonRetryable(
+                f"the target {target!r} already has rows in {', '.join(occupied[:MAX_LISTED])}; "
+                "copy with replace to delete them first (migrate creates content types and "
+                "permissions, so a freshly migrated target needs replace too)"
+            )
+        return {"deleted": 0}
+
+
+def _allowed(spec: TableSpec, alias: str) -> bool:
+    return router.allow_migrate_model(alias, spec.model)
+
+
+def _column_problems(specs: list[TableSpec], alias: str) -> list[str]:
+    connection = connections[alias]
+    problems = []
+    with connection.cursor() as cursor:
+        for spec in specs:
+            found = {
+                c.name for c in connection.introspection.get_table_description(cursor, spec.table)
+            }
+            wanted = {f.column for f in spec.fields}
+            if wanted - found:
+                problems.append(f"{spec.table} lacks {', '.join(sorted(wanted - found))}")
+    return problems

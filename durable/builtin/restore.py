@@ -1,0 +1,305 @@
+"""``restore.database``: a verified backup back into this site's tables.
+
+Units, in order:
+
+1. ``verify`` — check ``SHA256SUMS``, the manifest and every part file's
+   size and SHA-256, and that every table in the backup exists here with the
+   same columns. Anything wrong refuses the restore (non-retryable, a
+   ``restore-backup`` event with ``done=False``) **before any row is
+   touched**;
+2. ``clear`` (``replace`` only) — delete the rows of every table being
+   restored, in one transaction, so the tables end up equal to the backup;
+3. ``load:<model>:<n>`` — one part file, checked against its SHA-256 again,
+   upserted by primary key in one transaction. Parents before children;
+   foreign keys inside a cycle (a self-reference) are written as NULL here…
+4. ``link:<model>:<n>`` — …and filled in by upserting those parts again once
+   every row of the cycle exists;
+5. ``sequences`` — move PostgreSQL sequences past the restored ids;
+6. ``finish`` — with ``replace``, compare every table's row count and digest
+   with the manifest's; announce ``restore-backup``.
+
+Every write is an upsert by primary key, so repeating a unit after a crash
+changes nothing. Without ``replace`` (merge), rows created since the backup
+stay, and a row that conflicts on another unique column (a user re-created
+under a new id) fails the unit with the database's message.
+
+The engine's tables (jobs, events…) are never in a backup nor restored: this
+job's own row lives there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from django import forms
+from django.conf import settings
+from django.db import IntegrityError
+
+from ..errors import InputRejected, NonRetryable
+from ..operations import JobContext, Operation, Unit, register
+from . import backupdir, inputs
+from .announce import announce
+from .fence import fenced
+from .manifest import MANIFEST, SUMS, is_excluded, reorder, restore_problems
+from .tables import (
+    PlanError,
+    TableSpec,
+    delete_all,
+    digest_table,
+    plan_order,
+    reset_sequences,
+    site_tables,
+    upsert,
+)
+
+FIELDS = ("name", "database", "replace", "exclude")
+
+
+def published_backups() -> list[str]:
+    """Names of complete-looking backups (checksums present), newest first."""
+    root = backupdir.backup_root()
+    if not root.is_dir():
+        return []
+    found = [
+        entry
+        for entry in root.iterdir()
+        if backupdir.NAME.match(entry.name) and (entry / SUMS).is_file()
+    ]
+    return [entry.name for entry in sorted(found, key=lambda e: e.stat().st_mtime, reverse=True)]
+
+
+class RestoreForm(forms.Form):
+    name = forms.ChoiceField(
+        choices=lambda: [(name, name) for name in published_backups()],
+        help_text="A backup in the backup directory.",
+    )
+    database = forms.ChoiceField(choices=inputs.database_choices, initial="default")
+    replace = forms.BooleanField(
+        required=False,
+        help_text="Delete the current rows of the restored tables first, so they equal the "
+        "backup. Without it, rows created since the backup are kept.",
+    )
+    exclude = inputs.ExcludeField()
+
+
+def _sha256_of(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+@register
+class RestoreDatabase(Operation):
+    name = "restore.database"
+    label = "Restore a backup"
+    description = "Verify a backup completely, then upsert its rows table by table."
+    max_attempts = 3
+    non_retryable = (backupdir.BackupDamaged,)
+    input_form = RestoreForm
+
+    # --- enqueue -------------------------------------------------------------------
+
+    def clean_input(self, data: dict[str, Any]) -> dict[str, Any]:
+        inputs.reject_unknown(data, FIELDS)
+        name = data.get("name")
+        if not name:
+            raise InputRejected("name", "required: the name of a backup in the backup directory")
+        try:
+            backupdir.check_name(name)
+        except ValueError as exc:
+            raise InputRejected("name", str(exc)) from None
+        root = backupdir.backup_root()
+        if not (root / name).is_dir():
+            raise InputRejected("name", f"there is no backup named {name!r} in {root}")
+        database, exclude = inputs.database_alias(data, "database"), inputs.exclude(data)
+        # Audit logs (the site's Problems → Recovery history) are never rewritten by a
+        # restore: it would erase the very events that explain why it was needed.
+        kept = getattr(settings, "DURABLE_RESTORE_KEEP_APPS", [])
+        exclude = [*exclude, *(label for label in kept if label not in exclude)]
+        inputs.check_tables(database, exclude)
+        return {
+            "name": name,
+            "database": database,
+            "replace": inputs.flag(data, "replace"),
+            "exclude": exclude,
+        }
+
+    # --- planning ------------------------------------------------------------------
+
+    def _path(self, ctx: JobContext) -> Path:
+        return backupdir.backup_root() / ctx.input["name"]
+
+    def _site(self, ctx: JobContext) -> dict[str, TableSpec]:
+        specs = site_tables(ctx.input["database"], ctx.input["exclude"])
+        return {spec.label: spec for spec in specs}
+
+    def _manifest(self, ctx: JobContext, sha: str | None) -> dict[str, Any]:
+        """The manifest the ``verify`` unit checked; refuse if it changed since."""
+        raw = (self._path(ctx) / MANIFEST).read_bytes() if sha else b""
+        if not sha or hashlib.sha256(raw).hexdigest() != sha:
+            raise NonRetryable("the backup's manifest changed during the restore; start again")
+        return json.loads(raw)
+
+    def _restored(self, ctx: JobContext, manifest: dict[str, Any]) -> list[dict[str, Any]]:
+        exclude = set(ctx.input["exclude"])
+        return [t for t in manifest["tables"] if not is_excluded(t["model"], exclude)]
+
+    def _plan(self, ctx: JobContext, manifest: dict[str, Any]) -> tuple[list[str], dict]:
+        site = self._site(ctx)
+        edges = {t["model"]: site[t["model"]].foreign_keys() for t in self._restored(ctx, manifest)}
+        plan = plan_order(edges)
+        return list(plan.order), dict(plan.deferred)
+
+    def _steps(self, ctx: JobContext, manifest: dict[str, Any]) -> list[str]:
+        tables = {t["model"]: t for t in self._restored(ctx, manifest)}
+        order, deferred = self._plan(ctx, manifest)
+        steps = ["verify"]
+        if ctx.input["replace"]:
+            steps.append("clear")
+        for label in order:
+            steps += [f"load:{label}:{n}" for n in range(len(tables[label]["parts"]))]
+        for label in order:
+            if label in deferred:
+                steps += [f"link:{label}:{n}" for n in range(len(tables[label]["parts"]))]
+        return [*steps, "sequences", "finish"]
+
+    def total_units(self, ctx: JobContext) -> int | None:
+        try:
+            manifest = json.loads((self._path(ctx) / MANIFEST).read_bytes())
+            return len(self._steps(ctx, manifest))
+        except (OSError, ValueError, KeyError, TypeError, PlanError):
+            return None  # the verify unit will say what is wrong
+
+    def units(self, ctx: JobContext) -> Iterator[Unit]:
+        checkpoint = ctx.checkpoint or {"next": 0}
+        if checkpoint["next"] == 0:
+            sha = _sha256_of(self._path(ctx) / MANIFEST)
+            checkpoint = {"next": 1, "manifest": sha}
+            yield Unit(key="verify", payload={"manifest": sha}, checkpoint=checkpoint)
+        manifest = self._manifest(ctx, checkpoint["manifest"])
+        steps = self._steps(ctx, manifest)
+        for index in range(checkpoint["next"], len(steps)):
+            yield Unit(
+                key=steps[index],
+                checkpoint={"next": index + 1, "manifest": checkpoint["manifest"]},
+            )
+
+    # --- units ---------------------------------------------------------------------
+
+    def run_unit(self, ctx: JobContext, unit: Unit) -> Any:
+        step, _, rest = unit.key.partition(":")
+        if step == "verify":
+            return self._verify(ctx, unit.payload["manifest"])
+        manifest = self._manifest(ctx, ctx.checkpoint["manifest"])
+        site = self._site(ctx)
+        alias = ctx.input["database"]
+        order, deferred = self._plan(ctx, manifest)
+        if step == "clear":
+            try:
+                with fenced(ctx):  # a worker that lost the job must not delete others' work
+                    deleted = delete_all([site[label] for label in order], alias)
+            except IntegrityError as exc:
+                raise NonRetryable(
+                    f"the current rows cannot be deleted ({exc}); a table left out of the "
+                    "restore still references them"
+                ) from exc
+            return {"deleted": sum(deleted.values())}
+        if step in ("load", "link"):
+            label, number = rest.rsplit(":", 1)
+            table = next(t for t in manifest["tables"] if t["model"] == label)
+            spec = site[label]
+            rows = backupdir.read_part(
+                self._path(ctx), table["parts"][int(number)], table["columns"]
+            )
+            rows = reorder(rows, table["columns"], spec.columns)
+            null = deferred.get(label, ()) if step == "load" else ()
+            try:
+                return {"rows": upsert(spec, alias, rows, null=null)}
+            except IntegrityError as exc:
+                # A verdict on the data (a unique or foreign key conflict), not a glitch.
+                raise NonRetryable(
+                    f"the database refused the rows of {table['parts'][int(number)]['file']}: {exc}"
+                ) from exc
+        if step == "sequences":
+            return {"statements": reset_sequences([site[label] for label in order], alias)}
+        if step == "finish":
+            return self._finish(ctx, manifest, [site[label] for label in order])
+        raise NonRetryable(f"unknown restore step {unit.key!r}")
+
+    def _refuse(self, ctx: JobContext, reason: str) -> NonRetryable:
+        announce(
+            ctx,
+            "restore-refused",
+            "restore-backup",
+            severity="error",
+            done=False,
+            detail=f"Refused to restore {self._path(ctx)}: {reason}. Nothing was changed.",
+            db=ctx.input["database"],
+            object_ids=[ctx.input["name"]],
+        )
+        return NonRetryable(
+            f"refused to restore {ctx.input['name']!r}: {reason}; nothing was changed"
+        )
+
+    def _verify(self, ctx: JobContext, expected_sha: str | None) -> dict[str, Any]:
+        try:
+            manifest = backupdir.verify(self._path(ctx))
+        except backupdir.BackupDamaged as exc:
+            raise self._refuse(ctx, str(exc)) from None
+        if _sha256_of(self._path(ctx) / MANIFEST) != expected_sha:
+            raise RuntimeError("the manifest changed while it was being verified; verifying again")
+        site = {label: spec.columns for label, spec in self._site(ctx).items()}
+        if problems := restore_problems(manifest, site, set(ctx.input["exclude"])):
+            raise self._refuse(ctx, "; ".join(problems[:5]))
+        try:
+            self._plan(ctx, manifest)
+        except PlanError as exc:
+            raise self._refuse(ctx, str(exc)) from None
+        tables = self._restored(ctx, manifest)
+        return {"tables": len(tables), "rows": sum(t["rows"] for t in tables)}
+
+    def _finish(
+        self, ctx: JobContext, manifest: dict[str, Any], specs: list[TableSpec]
+    ) -> dict[str, Any]:
+        alias, replace = ctx.input["database"], ctx.input["replace"]
+        tables = {t["model"]: t for t in self._restored(ctx, manifest)}
+        if replace:
+            differ = []
+            for spec in specs:
+                found = digest_table(spec, alias)
+                table = tables[spec.label]
+                if (found.rows, found.hexdigest()) != (table["rows"], table["digest"]):
+                    differ.append(f"{spec.label} ({found.rows} rows, backup {table['rows']})")
+            if differ:
+                announce(
+                    ctx,
+                    "restore-differs",
+                    "restore-backup",
+                    severity="error",
+                    done=False,
+                    detail=f"Restored {self._path(ctx)} but these tables differ from the backup "
+                    f"(was the site writing?): {', '.join(differ[:10])}",
+                    db=alias,
+                    object_ids=[ctx.input["name"]],
+                )
+                raise NonRetryable(
+                    f"after the restore these tables differ from the backup: {differ}"
+                )
+        rows = sum(table["rows"] for table in tables.values())
+        mode = "replacing the tables' rows" if replace else "merged into the existing rows"
+        announce(
+            ctx,
+            "restore-backup",
+            "restore-backup",
+            detail=f"Restored backup {self._path(ctx)} into database {alias!r} "
+            f"({len(tables)} tables, {rows} rows, {mode})",
+            db=alias,
+            deleted_data=replace,
+            object_ids=[ctx.input["name"]],
+        )
+        return {"tables": len(tables), "rows": rows, "verified": replace}
