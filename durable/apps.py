@@ -14,3 +14,7 @@ class DurableConfig(AppConfig):
         from . import builtin  # noqa: F401
 
         autodiscover_modules("operations")
+
+        from .schedules import ticking
+
+        ticking.connect()  # every worker ticks the schedules (durable.schedules)

@@ -217,3 +217,4 @@ class WorkerProcess(models.Model):
 
 
 from .api.models import Client, IdempotencyKey  # noqa: E402,F401 - registers the models
+from .schedules.models import Occurrence, Schedule  # noqa: E402,F401 - registers the models
