@@ -1,5 +1,5 @@
 """Operations that ship with the engine; importing this package registers them."""
 
-from . import noop, retention
+from . import files, noop, retention
 
-__all__ = ["noop", "retention"]
+__all__ = ["files", "noop", "retention"]
