@@ -391,6 +391,7 @@ def apply_due(
         if operations is not None and schedule.operation not in set(operations):
             return None
         decision = plan(schedule.rule, schedule.next_run_at, moment, schedule.catch_up)
+        overdue = moment - schedule.next_run_at  # > the grace: no worker ticked for a while
         occurrence = _record(schedule, decision.latest, decision.missed, worker, moment)
         if occurrence is not None:
             if decision.run:
@@ -404,8 +405,8 @@ def apply_due(
         schedule.last_run_at = decision.latest
         schedule.updated_at = moment
         schedule.save(update_fields=["next_run_at", "last_run_at", "updated_at"])
-        if occurrence is not None and moment - decision.latest > ON_TIME_GRACE:
-            _report_catch_up(schedule, occurrence, decision.run, moment)
+        if occurrence is not None and overdue > ON_TIME_GRACE:
+            _report_catch_up(schedule, occurrence, decision.run, overdue)
         faults.reach("schedules.before_commit")
     faults.reach("schedules.after_commit")
     if occurrence is not None:
@@ -506,12 +507,13 @@ def _skipped_note(missed: int, late: timedelta) -> str:
     )
 
 
-def _report_catch_up(schedule: Schedule, occurrence: Occurrence, ran: bool, now: datetime) -> None:
+def _report_catch_up(
+    schedule: Schedule, occurrence: Occurrence, ran: bool, overdue: timedelta
+) -> None:
     """Occurrences missed while no worker ticked: one warning in Problems → Recovery."""
-    late = now - occurrence.scheduled_for
     if ran:
         what = (
-            f"ran once for {_iso(occurrence.scheduled_for)} ({_human(late)} late)"
+            f"ran once for {_iso(occurrence.scheduled_for)}"
             + (
                 f"; {occurrence.missed} earlier occurrence(s) were not run"
                 if occurrence.missed
@@ -526,7 +528,10 @@ def _report_catch_up(schedule: Schedule, occurrence: Occurrence, ran: bool, now:
         type="schedule-caught-up",
         severity="warning",
         source="worker",
-        detail=f"Schedule {schedule.name!r} ({schedule.operation}) was not ticked on time: {what}.",
+        detail=(
+            f"Schedule {schedule.name!r} ({schedule.operation}) was not ticked for "
+            f"{_human(overdue)} (no worker running?): {what}."
+        ),
         job_id=occurrence.job_id,
         operation=schedule.operation,
     )
