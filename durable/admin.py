@@ -47,3 +47,6 @@ class JobAdmin(ReadOnlyAdmin):
 class WorkerProcessAdmin(ReadOnlyAdmin):
     list_display = ["worker_id", "hostname", "pid", "started_at", "heartbeat_at", "stopped_at"]
     ordering = ["-started_at"]
+
+
+from .schedules import admin as _schedules_admin  # noqa: E402,F401 - registers its pages

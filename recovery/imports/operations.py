@@ -329,7 +329,8 @@ class ImportEvents(Operation):
         problems = {reason: n for reason, n in record.skipped.items() if reason != "blank"}
         what = "rows" if self.csv else "lines"
         detail = (
-            f"Imported {record.imported:,} events from {record.records:,} {what} of "
+            f"Imported {record.imported:,} event{'' if record.imported == 1 else 's'} from "
+            f"{record.records:,} {what} of "
             f"{ctx.input['path']} ({self.format.upper()}, sha256 {sha[:16]}…)."
         )
         if record.duplicates:

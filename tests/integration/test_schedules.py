@@ -354,3 +354,23 @@ def test_commands__add_list_disable_enable_remove():
 def test_commands__refuse_clearly(args, message):
     with pytest.raises(CommandError, match=message):
         run(*args)
+
+
+def test_admin__schedules_occurrences_and_import_records_are_read_only(
+    admin_client, settings, tmp_path
+):
+    settings.STATIC_ROOT = tmp_path  # whitenoise warns about a missing collectstatic dir
+    schedule = hourly()
+    (occurrence,) = tick(schedule.next_run_at)
+    pages = {
+        "durable/schedule": schedule.pk,
+        "durable/occurrence": occurrence.pk,
+        "recovery/importrecord": None,
+    }
+    for page, pk in pages.items():
+        listing = admin_client.get(f"/admin/{page}/")
+        assert listing.status_code == 200
+        assert admin_client.get(f"/admin/{page}/add/").status_code == 403
+        if pk is not None:
+            assert admin_client.post(f"/admin/{page}/{pk}/delete/").status_code == 403
+    assert b"every 1h" in admin_client.get("/admin/durable/schedule/").content
