@@ -1,8 +1,11 @@
 """``files.move``: move files from one Django storage to another, one file per unit.
 
-A unit copies one file, verifies the copy — size and SHA-256 of the bytes
-now at the destination, and, between two local storages, the modification
-time — and only then deletes the source. Every step is safe to repeat:
+A unit copies one file, hashing the bytes as it reads them, checks that the
+source did not change meanwhile (a local source: same size and nanosecond
+mtime after as before; another storage: hashed once more before the copy),
+verifies the copy — size and SHA-256 of the bytes now at the destination,
+and, between two local storages, the modification time — and only then
+deletes the source. Every step is safe to repeat:
 
 - destination absent: copy, verify, delete the source;
 - destination present with the source's exact bytes (a replay after a
@@ -358,20 +361,21 @@ class MoveFiles(Operation):
                 size, sha = digest(dst, name)
                 return {**result, "outcome": "already_moved", "size": size, "sha256": sha}
             return {**result, "outcome": "vanished"}
-        size, sha = digest(src, name)
-        result.update(size=size, sha256=sha)
+        expected: tuple[int, str] | None = None
         if dst.exists(name):
+            size, sha = expected = digest(src, name)
             dst_size, dst_sha = digest(dst, name)
             if (dst_size, dst_sha) == (size, sha):
                 # Copied and verified before a crash that came before the delete:
                 # finish the delete, do not copy again.
                 src.delete(name)
-                return {**result, "outcome": "moved", "copied": False}
+                return {**result, "outcome": "moved", "copied": False, "size": size, "sha256": sha}
             if dst_size < size and digest(src, name, limit=dst_size)[1] == dst_sha:
                 ctx.logger.info("removing a copy cut short", extra={"file": name})
                 dst.delete(name)  # our own copy, cut short by a crash
             elif ctx.input["on_conflict"] == "skip":
-                return {**result, "outcome": "conflict_skipped", "destination_sha256": dst_sha}
+                return {**result, "outcome": "conflict_skipped", "size": size, "sha256": sha,
+                        "destination_sha256": dst_sha}  # fmt: skip
             else:
                 raise NonRetryable(
                     f"{destination}:{name} already exists with other content ({dst_size:,} "
@@ -379,15 +383,28 @@ class MoveFiles(Operation):
                     f"{sha[:16]}…). The source is left in place: remove or rename one of "
                     "them and retry, or move with on_conflict=skip."
                 )
-        self._copy(src, dst, name, size, sha)
+        size, sha = self._copy(src, dst, name, expected)
         self._verify(ctx, src, dst, name, size, sha)
         faults.reach("files.after_copy")
         src.delete(name)
-        return {**result, "outcome": "moved", "copied": True}
+        return {**result, "outcome": "moved", "copied": True, "size": size, "sha256": sha}
 
-    def _copy(self, src: Storage, dst: Storage, name: str, size: int, sha: str) -> None:
+    def _copy(
+        self, src: Storage, dst: Storage, name: str, expected: tuple[int, str] | None
+    ) -> tuple[int, str]:
+        """Copy, hashing what is read; returns (size, SHA-256) of the source's bytes.
+
+        Those are the bytes written only if the source did not change during
+        the copy: checked against ``expected`` (hashed before), or — for a
+        local source, to save a read — against its size and nanosecond mtime
+        before and after. A remote source without ``expected`` is hashed first.
+        """
+        src_path = _local_path(src, name)
+        before = _stamp(src_path) if src_path else None
+        if before is None and expected is None:
+            expected = digest(src, name)
         with src.open(name, "rb") as handle:
-            reader = _HashingReader(handle, size)
+            reader = _HashingReader(handle, expected[0] if expected else before[0])
             try:
                 saved = dst.save(name, File(reader, name=name))
             except BaseException:
@@ -400,16 +417,22 @@ class MoveFiles(Operation):
                 f"{name}: the destination stored it as {saved!r} (the name was taken meanwhile); "
                 "removed that copy, will look again"
             )
-        if (reader.read_bytes, reader.sha.hexdigest()) != (size, sha):
+        read = (reader.read_bytes, reader.sha.hexdigest())
+        if expected is not None:
+            unchanged = read == expected
+        else:
+            unchanged = _stamp(src_path) == before and read[0] == before[0]
+        if not unchanged:
             dst.delete(name)
             raise VerificationFailed(
-                f"{name}: the source changed while it was copied ({reader.read_bytes:,} bytes "
-                f"read, {size:,} expected); removed the copy, the source is untouched"
+                f"{name}: the source changed while it was copied ({read[0]:,} bytes read); "
+                "removed the copy, the source is untouched"
             )
-        src_path, dst_path = _local_path(src, name), _local_path(dst, name)
+        dst_path = _local_path(dst, name)
         if src_path and dst_path:  # keep the modification time between local storages
             info = os.stat(src_path)
             os.utime(dst_path, ns=(info.st_atime_ns, info.st_mtime_ns))
+        return read
 
     def _verify(
         self,
@@ -464,3 +487,9 @@ class MoveFiles(Operation):
 
 def _local_path(storage: Storage, name: str) -> str | None:
     return storage.path(name) if isinstance(storage, FileSystemStorage) else None
+
+
+def _stamp(path: str) -> tuple[int, int]:
+    """(size, mtime in ns): a local file that kept both was not written meanwhile."""
+    info = os.stat(path)
+    return info.st_size, info.st_mtime_ns

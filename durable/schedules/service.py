@@ -29,7 +29,6 @@ from django.utils import timezone
 from .. import faults, signals
 from ..errors import DurableError, InputRejected
 from ..jobs import enqueue
-from ..lease import db_now
 from ..models import Job
 from ..operations import get_operation, max_input_bytes, registered
 from ..policy import truncate_utf8
@@ -340,26 +339,55 @@ def database_now() -> datetime:
     return timezone.now()
 
 
+def due_sql(now: datetime | None = None) -> tuple[str, list[Any]]:
+    """The query behind ``due_schedules``: a range scan of the index ``durable_schedule_due``.
+
+    ``statement_timestamp()``, not ``clock_timestamp()``: a volatile bound
+    cannot be an index condition on PostgreSQL.
+    """
+    table = connection.ops.quote_name(Schedule._meta.db_table)
+    if now is None and connection.vendor == "postgresql":
+        bound, params = "statement_timestamp()", []
+    else:
+        bound = "%s"
+        params = [connection.ops.adapt_datetimefield_value(now or timezone.now())]
+    # The table name is quoted by the backend; the bound is a literal or a placeholder.
+    sql = (
+        f"SELECT id, operation FROM {table} WHERE enabled AND next_run_at <= {bound} "  # noqa: S608
+        f"ORDER BY next_run_at LIMIT {DUE_BATCH}"
+    )
+    return sql, params
+
+
+def due_schedules(now: datetime | None = None) -> list[tuple[int, str]]:
+    """(id, operation) of the enabled schedules due at ``now`` (default: the database's clock).
+
+    The one query every worker runs on every heartbeat, so it is written out
+    and run on the cursor: building it through the ORM costs ten times the query.
+    """
+    sql, params = due_sql(now)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
 def tick(
     now: datetime | None = None, *, operations: Iterable[str] | None = None, worker: str = ""
 ) -> list[Occurrence]:
     """Apply every due occurrence of the schedules whose operation this process knows.
 
-    Cheap when nothing is due: one query on the partial index. ``now`` is for
-    tests; by default the database's clock decides (see ``database_now``).
-    Returns the occurrences recorded by this call.
+    Cheap when nothing is due: one index range scan (``due_schedules``).
+    ``now`` is for tests; by default the database's clock decides (see
+    ``database_now``). Returns the occurrences recorded by this call.
     """
-    ops = sorted(registered() if operations is None else operations)
-    if not ops:
+    due = due_schedules(now)
+    if not due:
         return []
-    due_ids = list(
-        Schedule.objects.due(now or db_now())
-        .filter(operation__in=ops)
-        .order_by("next_run_at")
-        .values_list("pk", flat=True)[:DUE_BATCH]
-    )
+    ops = set(registered() if operations is None else operations)
     recorded = []
-    for schedule_id in due_ids:
+    for schedule_id, operation in due:
+        if operation not in ops:
+            continue  # a worker without this operation's code leaves it to one that has it
         occurrence = apply_due(schedule_id, now=now, operations=ops, worker=worker)
         if occurrence is not None:
             recorded.append(occurrence)

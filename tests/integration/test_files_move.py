@@ -15,6 +15,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from durable import faults, jobs
+from durable.builtin import files as files_module
 from durable.builtin.files import MoveFilesForm
 from durable.errors import InputRejected
 from durable.lease import claim
@@ -292,3 +293,24 @@ def test_command__wait_runs_it_here_and_reports(roots):
     assert lines[-2].startswith("[##############################] 3/3 completed")
     assert lines[-1] == f"moved 2 file(s), {1024 * 1024 + 5:,} bytes"
     assert set(tree(dst)) == {"dir/b.bin", "dir/sub/c with space.txt"}
+
+
+def test_move__a_source_written_during_the_copy_is_not_deleted(roots, monkeypatch):
+    src, dst = roots
+    fill(src, {"log.txt": b"first line\n"})
+    real_read = files_module._HashingReader.read
+
+    def read_while_written(self, n=-1):
+        chunk = real_read(self, n)
+        if chunk == b"first line\n":
+            with open(src / "log.txt", "ab") as handle:  # a writer appends meanwhile
+                handle.write(b"second line\n")
+        return chunk
+
+    monkeypatch.setattr(files_module._HashingReader, "read", read_while_written)
+    job = drain(jobs.enqueue("files.move", {"source": "src", "destination": "dst"},
+                            max_attempts=1).pk)  # fmt: skip
+    assert job.state == "failed"
+    assert "log.txt: the source changed while it was copied" in job.reason
+    assert tree(dst) == {}  # the copy was removed
+    assert tree(src) == {"log.txt": b"first line\nsecond line\n"}  # nothing lost
