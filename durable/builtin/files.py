@@ -59,6 +59,7 @@ MAX_NAME_CHARS = 1024
 MAX_KEY_NAME_CHARS = 240
 ON_CONFLICT = ("fail", "skip")
 LISTING_PASSES = 2
+STATICFILES = "staticfiles"  # collectstatic's storage: never moved out from under the site
 
 # --- pure helpers -------------------------------------------------------------------------------
 
@@ -222,7 +223,7 @@ class _HashingReader:
 
 
 def _storage_choices() -> list[tuple[str, str]]:
-    return [(alias, alias) for alias in settings.STORAGES if alias != "staticfiles"]
+    return [(alias, alias) for alias in settings.STORAGES if alias != STATICFILES]
 
 
 class MoveFilesForm(forms.Form):
@@ -271,8 +272,10 @@ class MoveFiles(Operation):
         for field in ("source", "destination"):
             alias = data.get(field)
             if not isinstance(alias, str) or alias not in settings.STORAGES:
-                known = ", ".join(sorted(settings.STORAGES))
+                known = ", ".join(sorted(set(settings.STORAGES) - {STATICFILES}))
                 raise InputRejected(field, f"no storage named {alias!r}; configured: {known}")
+            if alias == STATICFILES:
+                raise InputRejected(field, "static files belong to collectstatic, not to moves")
             aliases[field] = alias
         if aliases["source"] == aliases["destination"]:
             raise InputRejected("destination", "must be another storage than the source")

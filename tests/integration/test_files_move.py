@@ -246,6 +246,7 @@ def test_move__a_storage_no_longer_configured_pauses_with_what_to_add(roots, set
         ({"names": "a.txt"}, "names"),
         ({"prefix": "/etc"}, "prefix"),
         ({"on_conflict": "overwrite"}, "on_conflict"),
+        ({"source": "staticfiles"}, "source"),
     ],
 )
 def test_move__refuses_bad_input_on_enqueue(roots, data, field):
