@@ -22,6 +22,7 @@ from durable.operations import JobContext, get_operation
 from recovery.imports.models import ImportRecord
 from recovery.imports.operations import ImportForm, line_prefix
 from recovery.models import RecoveryEvent
+from recovery.records import record_event
 
 from .helpers import drain
 
@@ -275,3 +276,37 @@ def test_command__wait_imports_and_a_second_run_says_it_was_imported(tmp_path):
     call_command("import_recovery_events", path, "--format", "csv", "--wait", stdout=out)
     assert "was imported by job" in out.getvalue().splitlines()[-1]
     assert len(imported()) == 2
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_export_then_import__another_instance_gets_the_same_events(tmp_path, fmt):
+    record_event("board-permanently-deleted", severity="warning", source="admin-panel",
+                 db="wekan", detail='Deleted "Roadmap", with a comma,\nand a newline',
+                 done=True, deleted_data=True, user_id="u1", username="alice",
+                 ip="::ffff:203.0.113.9", object_ids=["b1"], object_titles=["Roadmap"],
+                 ts="2026-11-30T10:00:05Z")  # fmt: skip
+    record_event("restore-backup", severity="error", done=False, detail="failed")
+    fields = ["type", "severity", "source", "db", "detail", "done", "deleted_data", "user_id",
+              "username", "ipv4", "ipv6", "object_ids", "object_titles", "ts"]  # fmt: skip
+    before = list(RecoveryEvent.objects.order_by("id").values_list(*fields))
+    path = tmp_path / f"export.{fmt}"
+    out = io.StringIO()
+    call_command("export_recovery_events", "--format", fmt, "--output", str(path), stdout=out)
+    assert out.getvalue() == f"exported 2 events to {path}\n"
+    RecoveryEvent.objects.all().delete()  # "another instance"
+    assert run_import(f"import.{fmt}", str(path)).state == "completed"
+    after = list(RecoveryEvent.objects.order_by("id").values_list(*fields))
+    assert after[:2] == before
+    assert RecoveryEvent.objects.filter(type="recovery-events-import").count() == 1
+
+
+def test_export__to_stdout_only_the_types_asked_for(capsysbinary):
+    record_event("integrity-ok", detail="fine")
+    record_event("backup-created", detail="saved")
+    call_command("export_recovery_events", "--type", "backup-created")
+    captured = capsysbinary.readouterr()
+    assert json.loads(captured.out) == {
+        "type": "backup-created", "severity": "info", "source": "server", "detail": "saved",
+        "deleted_data": False,
+    }  # fmt: skip
+    assert captured.err == b"exported 1 event\n"
