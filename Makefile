@@ -46,6 +46,7 @@ soak: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py
 	$(BIN)/python bench/api.py
+	$(BIN)/python bench/builtin.py
 
 clean:
 	rm -rf $(VENV) var/staticfiles var/test-db.sqlite3*

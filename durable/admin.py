@@ -125,3 +125,6 @@ class GateSlotAdmin(ReadOnlyAdmin):
     list_display = ["provider", "holder", "acquired_at", "expires_at"]
     list_filter = ["provider"]
     ordering = ["-acquired_at"]
+
+
+from .schedules import admin as _schedules_admin  # noqa: E402,F401 - registers its pages

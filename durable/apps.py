@@ -18,3 +18,7 @@ class DurableConfig(AppConfig):
 
         autodiscover_modules("operations")
         connect_receivers()
+
+        from .schedules import ticking
+
+        ticking.connect()  # every worker ticks the schedules (durable.schedules)

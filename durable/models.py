@@ -224,3 +224,4 @@ from .builtin.models import (  # noqa: E402,F401 - backup, restore, integrity sc
     IntegrityScope,
     InventoryEntry,
 )
+from .schedules.models import Occurrence, Schedule  # noqa: E402,F401 - scheduled rules

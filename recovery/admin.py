@@ -72,3 +72,6 @@ class IngestCursorAdmin(ReadOnlyAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False  # without it the next ingest reads the whole file again
+
+
+from .imports import admin as _imports_admin  # noqa: E402,F401 - registers its pages

@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class RecoveryConfig(AppConfig):
@@ -8,6 +9,11 @@ class RecoveryConfig(AppConfig):
 
     def ready(self) -> None:
         # The engine announces; this app listens (durable never imports recovery).
-        from . import receivers
+        from . import receivers, schedules
 
         receivers.connect()
+        schedules.connect()
+        # The standing schedules (ingest, retention) exist as soon as the tables do.
+        post_migrate.connect(
+            schedules.on_post_migrate, sender=self, dispatch_uid="recovery.schedules.post_migrate"
+        )

@@ -252,3 +252,6 @@ class IngestCursor(models.Model):
 
     def __str__(self) -> str:
         return f"{self.path} @ {self.offset}"
+
+
+from .imports.models import ImportRecord  # noqa: E402,F401 - registers the model

@@ -309,3 +309,6 @@ class IngestRecoveryEvents(Operation):
         )
         ctx.event("ingested", message, **summary)
         return {"summary": summary}
+
+
+from .imports import operations as _imports  # noqa: E402,F401 - registers import.jsonl, import.csv

@@ -3,7 +3,6 @@
 - where ``recovery-events.jsonl`` is (``events_file_path``);
 - where an ingest resumes in a file that may have grown, been truncated,
   rewritten, rotated or replaced since the last run (``verdict``, ``plan_start``);
-- when a worker's heartbeat should look at the file again (``ingest_due``);
 - the capped per-actor tally of a Security summary row (``tally``);
 - the one-paragraph report of an ingest run (``ingest_report``).
 """
@@ -208,18 +207,6 @@ def plan_start(
 def signature(file_id: str, size: int, mtime_ns: int) -> str:
     """What a heartbeat compares to decide whether the file changed since the last ingest."""
     return f"{file_id}:{size}:{mtime_ns}"
-
-
-# --- when to look again ------------------------------------------------------------------------
-
-
-def ingest_due(now: float, next_due: float | None, interval: float) -> tuple[bool, float | None]:
-    """(look now?, next time to look) on a monotonic clock; ``interval`` ≤ 0 disables."""
-    if interval <= 0:
-        return False, None
-    if next_due is None or now >= next_due:
-        return True, now + interval
-    return False, next_due
 
 
 # --- Security summary rows ----------------------------------------------------------------------

@@ -5,18 +5,18 @@ Every receiver is best-effort: the signals are sent with ``send_robust`` after
 the engine's own transaction committed, and the record functions swallow
 their own errors, so nothing here can undo or block the engine.
 
-The two worker receivers start the ingest of ``recovery-events.jsonl``: once
-when a worker starts, then every ``RECOVERY_INGEST_INTERVAL`` seconds while it
-runs, and only if the file changed since the last ingest. ``unique_key``
-keeps it to one unfinished ingest per file however many workers ask.
+A worker that starts looks at ``recovery-events.jsonl`` at once and enqueues
+an ingest if the file changed since the last one. After that the
+``recovery-ingest`` schedule (``recovery.schedules``) looks every
+``RECOVERY_INGEST_INTERVAL`` seconds, once for all workers. Both go through
+``enqueue_ingest``, whose ``unique_key`` keeps it to one unfinished ingest
+per file however many ask.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
-import time
 from datetime import datetime
 from typing import Any
 
@@ -29,7 +29,7 @@ from durable.models import Job
 
 from .models import EventType, IngestCursor
 from .parsing import MAX_DETAIL_BYTES
-from .policy import events_file_path, ingest_due, ingest_unique_key, signature
+from .policy import events_file_path, ingest_unique_key, signature
 from .records import record_event, record_security
 
 log = logging.getLogger("recovery.receivers")
@@ -48,7 +48,7 @@ def configured_events_file() -> str | None:
 def enqueue_ingest(path: str, *, owner: str = "worker") -> Job:
     """Ask for an ingest of ``path``; returns the unfinished one if there is one already.
 
-    The single place that enqueues it, so a future schedule can call just this.
+    The single place that enqueues it: the worker-start look and the schedule both call this.
     """
     return enqueue(
         INGEST_OPERATION, {"path": path}, owner=owner, unique_key=ingest_unique_key(path)
@@ -81,35 +81,8 @@ def ingest_if_changed(owner: str) -> Job | None:
     return job
 
 
-class _Clock:
-    """When this process should next look at the file (monotonic seconds)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.next_due: float | None = None
-
-    def due(self, now: float, interval: float) -> bool:
-        with self.lock:
-            look, self.next_due = ingest_due(now, self.next_due, interval)
-            return look
-
-
-_clock = _Clock()
-
-
-def ingest_interval() -> float:
-    return float(getattr(settings, "RECOVERY_INGEST_INTERVAL", 60.0))
-
-
 def on_worker_started(sender: Any, *, worker_id: str = "", **kwargs: Any) -> None:
-    _clock.due(time.monotonic(), ingest_interval())  # the next look is an interval away
     ingest_if_changed(owner=f"worker {worker_id}"[:150])
-
-
-def on_worker_heartbeat(sender: Any, *, worker_id: str = "", **kwargs: Any) -> None:
-    # Runs every lease/3 seconds in every worker: a clock check unless due.
-    if _clock.due(time.monotonic(), ingest_interval()):
-        ingest_if_changed(owner=f"worker {worker_id}"[:150])
 
 
 # --- what the engine reports ----------------------------------------------------------------
@@ -259,7 +232,6 @@ def connect() -> None:
         (signals.security_refusal, on_security_refusal),
         (signals.recovery_event, on_recovery_event),
         (signals.worker_started, on_worker_started),
-        (signals.worker_heartbeat, on_worker_heartbeat),
     ]
     for signal, receiver in pairs:
         signal.connect(receiver, dispatch_uid=f"recovery.{receiver.__name__}")

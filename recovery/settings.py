@@ -281,3 +281,38 @@ LOGGING["loggers"]["recovery"] = {
     "level": os.environ.get("LOG_LEVEL", "INFO"),
     "propagate": False,
 }
+
+# --- Schedules, file moves, imports (README: "Scheduled rules", "Moving files", "Importing") --
+
+# The standing "retention" schedule purges finished jobs older than this
+# (30d, 12h, ...); "off" removes the schedule. It runs at DURABLE_RETENTION_CRON
+# (5-field cron, on the TIME_ZONE wall clock).
+DURABLE_RETENTION = os.environ.get("DURABLE_RETENTION", "30d")
+DURABLE_RETENTION_CRON = os.environ.get("DURABLE_RETENTION_CRON", "30 3 * * *")
+
+
+def _file_storages(value: str) -> dict[str, dict]:
+    """FILE_STORAGES="archive=/srv/archive,uploads=/srv/uploads": FileSystemStorage aliases."""
+    found: dict[str, dict] = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        alias, sep, root = (text.strip() for text in item.partition("="))
+        if not sep or not alias.replace("-", "_").isidentifier() or not root:
+            raise ImproperlyConfigured(f"FILE_STORAGES: {item!r} is not name=/absolute/path")
+        if not os.path.isabs(root):
+            raise ImproperlyConfigured(f"FILE_STORAGES: the root of {alias!r} must be absolute")
+        found[alias] = {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": root, "base_url": None},
+        }
+    return found
+
+
+# Storages files.move can name, besides those in STORAGES ("default", ...).
+FILE_STORAGES = _file_storages(os.environ.get("FILE_STORAGES", ""))
+for _alias in FILE_STORAGES:
+    if _alias in STORAGES:
+        raise ImproperlyConfigured(f"FILE_STORAGES: {_alias!r} is already in STORAGES")
+STORAGES.update(FILE_STORAGES)
+# Directories import.jsonl / import.csv may read from (comma-separated). Empty:
+# any file the worker can read, like recovery.ingest's path.
+RECOVERY_IMPORT_DIRS = env_list("RECOVERY_IMPORT_DIRS", "")

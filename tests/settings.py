@@ -9,14 +9,15 @@ import os
 import dj_database_url
 
 from recovery.settings import *  # noqa: F403
-from recovery.settings import DATABASES, INSTALLED_APPS, VAR_DIR
+from recovery.settings import DATABASES, INSTALLED_APPS, STORAGES, VAR_DIR
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp", "tests.opsapp"]
 # Hashing passwords properly is slow on purpose; tests create many users.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # Tests render templates without running collectstatic first.
+# (FILE_STORAGES aliases, which worker subprocesses get from the environment, stay.)
 STORAGES = {
-    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    **STORAGES,
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
     # integrity.scan tests: each test points it at its own directory (TEST_SCAN_ROOT
     # for worker subprocesses).
@@ -79,3 +80,6 @@ else:
 DATABASES["lite"] = _second(
     "lite", _sqlite("lite" if _default["ENGINE"] == "django.db.backends.sqlite3" else "lite-pg")
 )
+# A daily purge firing during a test run would add a job to tests that count them;
+# the retention schedule's own tests switch it on.
+DURABLE_RETENTION = "off"

@@ -14,6 +14,7 @@ from ..errors import InputRejected
 from ..models import Job, WorkerProcess
 from ..operations import JobContext, Operation, Unit, register
 from ..policy import parse_duration
+from ..schedules.models import Occurrence
 
 PURGE_BATCH = 200
 
@@ -21,7 +22,8 @@ PURGE_BATCH = 200
 @register
 class PurgeJobs(Operation):
     """Delete finished jobs (with their events and unit results) older than a cut-off,
-    then the API's idempotency keys older than it, then stopped workers' records.
+    then the API's idempotency keys older than it, then schedule occurrence
+    records and stopped workers' records.
 
     Unit = one batch of job (or key) ids in id order; the checkpoint is the
     cut-off and the last id examined. Units only delete rows of this database,
@@ -55,8 +57,8 @@ class PurgeJobs(Operation):
         cutoff = self._cutoff(ctx)
         jobs = Job.objects.purgeable(cutoff).count()
         keys = IdempotencyKey.objects.purgeable(cutoff).count()
-        # job batches, key batches, then the worker-registry unit
-        return -(-jobs // PURGE_BATCH) + -(-keys // PURGE_BATCH) + 1
+        # job batches, key batches, then the occurrence and worker-registry units
+        return -(-jobs // PURGE_BATCH) + -(-keys // PURGE_BATCH) + 2
 
     def units(self, ctx: JobContext) -> Iterator[Unit]:
         cutoff = self._cutoff(ctx)
@@ -96,6 +98,18 @@ class PurgeJobs(Operation):
                     "keys_after_id": keys_after,
                 },
             )
+        # A schedule never needs its old occurrence records: only occurrences
+        # after its next_run_at are ever applied (see durable.schedules).
+        yield Unit(
+            key="schedule-occurrences",
+            payload={"cutoff": cutoff.isoformat()},
+            checkpoint={
+                "cutoff": cutoff.isoformat(),
+                "after_id": after,
+                "keys_after_id": keys_after,
+                "occurrences": True,
+            },
+        )
         yield Unit(
             key="workers",
             payload={"cutoff": cutoff.isoformat()},
@@ -109,6 +123,9 @@ class PurgeJobs(Operation):
 
     def run_unit(self, ctx: JobContext, unit: Unit) -> dict[str, int]:
         cutoff = parse_datetime(unit.payload["cutoff"])
+        if unit.key == "schedule-occurrences":
+            deleted, _ = Occurrence.objects.filter(created_at__lt=cutoff).delete()
+            return {"occurrences": deleted}
         if unit.key == "workers":
             deleted, _ = WorkerProcess.objects.filter(stopped_at__lt=cutoff).delete()
             return {"workers": deleted}

@@ -15,10 +15,13 @@ from django.utils import timezone
 
 from durable import jobs, rescue, signals
 from durable.models import Job
-from recovery import receivers
+from durable.schedules.models import Schedule
+from durable.schedules.service import tick
+from recovery import receivers, schedules
 from recovery.models import EventType, RecoveryEvent, SecurityEvent
 from recovery.policy import ingest_unique_key
 from recovery.records import record_event, record_security
+from recovery.schedules import INGEST_SCHEDULE
 
 from .helpers import drain
 
@@ -213,11 +216,6 @@ def test_record_event__never_raises_even_when_the_database_fails(caplog):
 
 
 @pytest.fixture
-def fresh_clock(monkeypatch):
-    monkeypatch.setattr(receivers, "_clock", receivers._Clock())
-
-
-@pytest.fixture
 def no_wekan_env(monkeypatch):
     for name in ("WEKAN_FERRETDB_SQLITE_DIR", "FERRETDB_SQLITE_DIR", "WEKAN_SQLITE_DIR"):
         monkeypatch.delenv(name, raising=False)
@@ -227,22 +225,27 @@ def ingest_jobs() -> list[Job]:
     return list(Job.objects.filter(operation="recovery.ingest").order_by("id"))
 
 
-def test_worker_start__with_nothing_configured_does_nothing(settings, no_wekan_env, fresh_clock):
+def ingest_schedule() -> Schedule:
+    return Schedule.objects.get(name=INGEST_SCHEDULE)
+
+
+def test_worker_start__with_nothing_configured_does_nothing(settings, no_wekan_env):
     settings.RECOVERY_EVENTS_FILE = ""
     receivers.on_worker_started(None, worker_id="w1")
-    receivers.on_worker_heartbeat(None, worker_id="w1")
+    schedules.ensure_default_schedules()
+    (occurrence,) = tick(ingest_schedule().next_run_at, worker="w1")
+    assert (occurrence.job_id, occurrence.note) == (None, "nothing to do")
     assert ingest_jobs() == []
 
 
-def test_worker_start__a_configured_file_that_does_not_exist_is_quietly_ignored(
-    settings, tmp_path, fresh_clock
-):
+def test_worker_start__a_configured_file_that_does_not_exist_is_quietly_ignored(settings, tmp_path):
     settings.RECOVERY_EVENTS_FILE = str(tmp_path / "recovery-events.jsonl")
     receivers.on_worker_started(None, worker_id="w1")
+    tick(ingest_schedule().next_run_at)
     assert ingest_jobs() == []
 
 
-def test_worker_start__many_workers_queue_one_ingest(settings, tmp_path, fresh_clock):
+def test_worker_start__many_workers_queue_one_ingest(settings, tmp_path):
     path = tmp_path / "recovery-events.jsonl"
     path.write_text('{"type": "integrity-ok"}\n')
     settings.RECOVERY_EVENTS_FILE = str(path)
@@ -255,7 +258,7 @@ def test_worker_start__many_workers_queue_one_ingest(settings, tmp_path, fresh_c
 
 
 def test_worker_start__finds_the_file_in_the_wekan_data_directory(
-    settings, tmp_path, monkeypatch, no_wekan_env, fresh_clock
+    settings, tmp_path, monkeypatch, no_wekan_env
 ):
     settings.RECOVERY_EVENTS_FILE = ""
     monkeypatch.setenv("WEKAN_SQLITE_DIR", str(tmp_path))
@@ -265,36 +268,56 @@ def test_worker_start__finds_the_file_in_the_wekan_data_directory(
     assert job.input["path"] == str(tmp_path / "recovery-events.jsonl")
 
 
-def test_heartbeat__looks_again_after_the_interval_and_only_if_the_file_changed(
-    settings, tmp_path, fresh_clock
-):
+def test_ingest_schedule__looks_every_interval_and_only_if_the_file_changed(settings, tmp_path):
     path = tmp_path / "recovery-events.jsonl"
     path.write_text('{"type": "integrity-ok"}\n')
     settings.RECOVERY_EVENTS_FILE = str(path)
     settings.RECOVERY_INGEST_INTERVAL = 3600
-    receivers.on_worker_heartbeat(None, worker_id="w1")  # first look: due now
+    schedules.ensure_default_schedules()
+    due = ingest_schedule().next_run_at
+    assert tick(due - timedelta(seconds=1)) == []  # not yet
+    (first,) = tick(due)
     (job,) = ingest_jobs()
+    assert (first.job_id, job.owner) == (job.pk, "schedule:recovery-ingest")
     assert drain(job.pk).state == "completed"
 
-    receivers.on_worker_heartbeat(None, worker_id="w1")  # within the interval: no look
-    assert len(ingest_jobs()) == 1
-    assert receivers.ingest_if_changed("w1") is None  # due, but the file is unchanged
+    assert tick(due + timedelta(minutes=59)) == []  # within the interval: no look
+    (unchanged,) = tick(due + timedelta(hours=1))  # due, but the file is unchanged
+    assert (unchanged.job_id, unchanged.note) == (None, "nothing to do")
     with open(path, "a") as handle:
         handle.write('{"type": "backup-created"}\n')
-    receivers.on_worker_heartbeat(None, worker_id="w1")  # changed, but not due yet
-    assert len(ingest_jobs()) == 1
-    receivers._clock.next_due = 0.0  # the interval has passed
-    receivers.on_worker_heartbeat(None, worker_id="w1")
+    assert tick(due + timedelta(hours=1, minutes=30)) == []  # changed, but not due yet
+    (changed,) = tick(due + timedelta(hours=2))
     assert len(ingest_jobs()) == 2
+    assert changed.job_id == ingest_jobs()[1].pk
 
 
-def test_heartbeat__interval_zero_disables_the_periodic_look(settings, tmp_path, fresh_clock):
+def test_ingest_schedule__an_unfinished_ingest_is_not_enqueued_twice(settings, tmp_path):
     path = tmp_path / "recovery-events.jsonl"
     path.write_text('{"type": "integrity-ok"}\n')
     settings.RECOVERY_EVENTS_FILE = str(path)
+    receivers.on_worker_started(None, worker_id="w1")  # the start look enqueues it
+    (job,) = ingest_jobs()
+    schedules.ensure_default_schedules()
+    (occurrence,) = tick(ingest_schedule().next_run_at)
+    assert occurrence.job_id == job.pk
+    assert "still queued: not enqueued again" in occurrence.note
+    assert ingest_jobs() == [job]
+
+
+def test_ingest_schedule__interval_zero_means_only_when_a_worker_starts(settings, tmp_path):
+    path = tmp_path / "recovery-events.jsonl"
+    path.write_text('{"type": "integrity-ok"}\n')
+    settings.RECOVERY_EVENTS_FILE = str(path)
+    schedules.ensure_default_schedules()
+    assert Schedule.objects.filter(name=INGEST_SCHEDULE).exists()
     settings.RECOVERY_INGEST_INTERVAL = 0
-    receivers.on_worker_heartbeat(None, worker_id="w1")
+    schedules.ensure_default_schedules()
+    assert not Schedule.objects.filter(name=INGEST_SCHEDULE).exists()
+    assert tick(timezone.now() + timedelta(days=1)) == []
     assert ingest_jobs() == []
+    receivers.on_worker_started(None, worker_id="w1")
+    assert len(ingest_jobs()) == 1
 
 
 def test_receivers__are_connected_once():

@@ -15,7 +15,6 @@ from recovery.policy import (
     Verdict,
     bounded_json,
     events_file_path,
-    ingest_due,
     ingest_report,
     ingest_unique_key,
     line_key,
@@ -177,24 +176,6 @@ def test_plan_start__a_replacement_is_continued_only_with_the_same_prefix(
         )
     else:
         assert plan.start == Position(file_id="2:20", generation=4)
-
-
-# --- when to look ----------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("now", "next_due", "interval", "expected"),
-    [
-        (100.0, None, 60.0, (True, 160.0)),  # first look: now
-        (159.9, 160.0, 60.0, (False, 160.0)),  # not yet
-        (160.0, 160.0, 60.0, (True, 220.0)),  # due
-        (500.0, 160.0, 60.0, (True, 560.0)),  # long overdue: once, not a burst
-        (100.0, None, 0.0, (False, None)),  # 0 disables the periodic look
-        (100.0, 50.0, -1.0, (False, None)),
-    ],
-)
-def test_ingest_due(now, next_due, interval, expected):
-    assert ingest_due(now, next_due, interval) == expected
 
 
 # --- Security rows ----------------------------------------
