@@ -309,3 +309,6 @@ class IngestRecoveryEvents(Operation):
         )
         ctx.event("ingested", message, **summary)
         return {"summary": summary}
+
+
+from .dashboard.bulk import BulkAction  # noqa: E402,F401 - registers recovery.bulk_action

@@ -15,3 +15,7 @@ STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
+# Serve static files straight from static/ (make test never runs collectstatic);
+# autorefresh also keeps WhiteNoise from warning that var/staticfiles is missing.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = True

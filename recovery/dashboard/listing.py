@@ -1,0 +1,314 @@
+"""Reading one page of a table: totals, the page's rows, and the search — fast on a million rows.
+
+- **Recovery, no search**: the total comes from ``DailyCount`` (kept exact by
+  triggers), the page from the primary key (or the Failed/Deleted partial
+  index) read from the nearer end: the last page of a million rows is read in
+  ascending order and reversed, never skipped to with a huge OFFSET.
+- **Recovery, search of 3+ characters**: the trigram index (SQLite FTS5,
+  PostgreSQL pg_trgm) finds the matches; the count stops at ``SEARCH_LIMIT``
+  ("10,000+ matches") and paging reaches the newest ``SEARCH_LIMIT`` matches.
+- **Recovery, shorter search**: no trigram to look up, so the newest
+  ``RECENT_SCAN`` events are scanned and the page says so.
+- **Security** is small by design (one row per kind of refusal) and **Jobs**
+  are counted directly (100,000 jobs count in milliseconds through the
+  ``(state, -id)`` index); both page from the nearer end too.
+
+Search is literal and case-insensitive on every path: the text reaches the
+database only as a bound parameter (a LIKE pattern with its wildcards
+escaped, or a quoted FTS5 phrase), never as SQL or a regular expression.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+from django.db.models import BooleanField, Case, IntegerField, Q, QuerySet, Sum, When
+from django.db.models.expressions import RawSQL
+
+from durable.models import Job
+from durable.states import JobState
+from recovery.models import DailyCount, RecoveryEvent, SecurityEvent
+
+from .query import (
+    Filter,
+    TableQuery,
+    Window,
+    fts5_phrase,
+    like_contains,
+    uses_index,
+    window,
+)
+
+SEARCH_LIMIT = 10_000
+RECENT_SCAN = 20_000
+
+RECOVERY_STATUSES = ("all", "done", "failed", "deleted")
+RECOVERY_FILTERS = (Filter("status", RECOVERY_STATUSES, "all"),)
+SEVERITIES = ("all", "info", "warning", "error")
+SECURITY_FILTERS = (Filter("severity", SEVERITIES, "all"),)
+JOB_STATES = ("all", "active", "retrying", *JobState.values)
+JOB_FILTERS = (
+    Filter("state", JOB_STATES, "all"),
+    Filter("operation"),
+    Filter("error"),
+)
+
+
+@dataclass
+class Listing:
+    rows: list[Any]
+    window: Window
+    note: str = ""
+
+    @property
+    def total_text(self) -> str:
+        total = f"{self.window.total:,}"
+        return f"{total}+" if self.window.bounded else total
+
+
+def read_window(queryset: QuerySet, win: Window) -> list[Any]:
+    """The page's rows, newest first, reading from whichever end is nearer."""
+    if win.limit <= 0:
+        return []
+    if win.from_end:
+        return list(queryset.order_by("id")[win.after : win.after + win.limit])[::-1]
+    return list(queryset.order_by("-id")[win.offset : win.offset + win.limit])
+
+
+# --- Recovery -----------------------------------------------------------------------------
+
+
+def recovery_status(queryset: QuerySet, status: str) -> QuerySet:
+    if status == "done":
+        return queryset.done()
+    if status == "failed":
+        return queryset.failed()
+    if status == "deleted":
+        return queryset.deleted()
+    return queryset
+
+
+def recovery_totals() -> dict[str, int]:
+    """Events per status, from the per-day counts (a few hundred rows, not a million)."""
+    sums = DailyCount.objects.aggregate(
+        all=Sum("events"),
+        failed=Sum(Case(When(failed=True, then="events"), default=0, output_field=IntegerField())),
+        deleted=Sum(
+            Case(When(deleted=True, then="events"), default=0, output_field=IntegerField())
+        ),
+    )
+    totals = {name: int(value or 0) for name, value in sums.items()}
+    totals["done"] = totals["all"] - totals["failed"]
+    return totals
+
+
+# Row conditions per status, as SQL over the events table aliased "e".
+_SQL_STATUS = {
+    "sqlite": {
+        "all": "",
+        "done": " AND e.done IS NOT 0",
+        "failed": " AND e.done = 0",
+        "deleted": " AND e.deleted_data = 1",
+    },
+    "postgresql": {
+        "all": "",
+        "done": " AND e.done IS NOT FALSE",
+        "failed": " AND NOT e.done",
+        "deleted": " AND e.deleted_data",
+    },
+}
+_TABLE = RecoveryEvent._meta.db_table
+
+
+def _like_any(operator: str) -> str:
+    return " OR ".join(
+        f"e.{column} {operator} %s ESCAPE '\\'" for column in ("type", "detail", "db")
+    )
+
+
+def _indexed_search_sql(status: str) -> tuple[str, str]:
+    """(SQL of matching ids newest first, its parameter) for a search of 3+ characters."""
+    condition = _SQL_STATUS[connection.vendor][status]
+    if connection.vendor == "sqlite":
+        # The FTS5 table yields rowids in descending order by itself, so a
+        # LIMIT stops the scan early even for a word in half the rows.
+        if not condition:
+            return (
+                "SELECT rowid FROM recovery_event_fts WHERE recovery_event_fts MATCH %s "
+                "ORDER BY rowid DESC",
+                "phrase",
+            )
+        return (
+            f"SELECT e.id FROM recovery_event_fts "
+            f"JOIN {_TABLE} e ON e.id = recovery_event_fts.rowid "
+            f"WHERE recovery_event_fts MATCH %s{condition} ORDER BY recovery_event_fts.rowid DESC",
+            "phrase",
+        )
+    return (
+        f"SELECT e.id FROM {_TABLE} e WHERE ({_like_any('ILIKE')}){condition} ORDER BY e.id DESC",
+        "pattern",
+    )
+
+
+def _params(kind: str, text: str) -> list[str]:
+    if kind == "phrase":
+        return [fts5_phrase(text)]
+    return [like_contains(text)] * 3
+
+
+def _fetch(sql: str, params: Sequence[Any]) -> list[Any]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _rows_by_id(ids: list[int]) -> list[RecoveryEvent]:
+    found = RecoveryEvent.objects.in_bulk(ids)
+    return [found[i] for i in ids if i in found]
+
+
+def _indexed_search(query: TableQuery, status: str) -> Listing:
+    sql, kind = _indexed_search_sql(status)
+    params = _params(kind, query.q)
+    counted = _fetch(f"SELECT count(*) FROM ({sql} LIMIT %s) AS m", [*params, SEARCH_LIMIT + 1])[0]
+    bounded = counted > SEARCH_LIMIT
+    win = window(query.page, query.per_page, min(counted, SEARCH_LIMIT), bounded=bounded)
+    ids = _fetch(f"{sql} LIMIT %s OFFSET %s", [*params, win.limit, win.offset]) if win.limit else []
+    note = (
+        f"More than {SEARCH_LIMIT:,} matches: the newest {SEARCH_LIMIT:,} can be paged. "
+        "Add words to narrow the search."
+        if bounded
+        else ""
+    )
+    return Listing(_rows_by_id(ids), win, note)
+
+
+def _recent_search(query: TableQuery, status: str) -> Listing:
+    """Searches under three characters: the newest ``RECENT_SCAN`` events, scanned."""
+    floor = (
+        RecoveryEvent.objects.order_by("-id")
+        .values_list("id", flat=True)[RECENT_SCAN - 1 : RECENT_SCAN]
+        .first()
+    )
+    operator = "ILIKE" if connection.vendor == "postgresql" else "LIKE"
+    condition = _SQL_STATUS[connection.vendor][status]
+    sql = (
+        f"SELECT e.id FROM {_TABLE} e WHERE e.id >= %s AND ({_like_any(operator)}){condition} "
+        "ORDER BY e.id DESC"
+    )
+    params = [floor or 0, *[like_contains(query.q)] * 3]
+    counted = _fetch(f"SELECT count(*) FROM ({sql}) AS m", params)[0]
+    win = window(query.page, query.per_page, counted)
+    ids = _fetch(f"{sql} LIMIT %s OFFSET %s", [*params, win.limit, win.offset]) if win.limit else []
+    note = (
+        f"Searches shorter than 3 characters look at the latest {RECENT_SCAN:,} events only."
+        if floor is not None
+        else ""
+    )
+    return Listing(_rows_by_id(ids), win, note)
+
+
+# Exactly as the partial index ``recovery_event_severe`` states its condition:
+# SQLite uses a partial index only when the query repeats it literally
+# (``severity IN (?, ?)`` with bound parameters never matches).
+_SEVERE = RawSQL(
+    "\"recovery_recoveryevent\".\"severity\" IN ('warning', 'error')",
+    [],
+    output_field=BooleanField(),
+)
+
+
+def severe_events() -> QuerySet:
+    """Warnings and errors, servable by their partial index."""
+    return RecoveryEvent.objects.filter(_SEVERE)
+
+
+def recent_problems(limit: int) -> list[RecoveryEvent]:
+    """``RecoveryEvent.objects.problems().newest_first()[:limit]``, from two partial indexes.
+
+    "Failed or warning or error" as one condition matches no single index, so
+    on a million mostly-fine events it would scan; the newest ``limit`` of
+    each part, merged, are the same rows.
+    """
+    failed = list(RecoveryEvent.objects.failed().newest_first()[:limit])
+    severe = list(severe_events().newest_first()[:limit])
+    merged = {event.pk: event for event in (*failed, *severe)}
+    return sorted(merged.values(), key=lambda event: event.pk, reverse=True)[:limit]
+
+
+def recovery_listing(query: TableQuery) -> Listing:
+    status = query.get("status") or "all"
+    if query.q:
+        if uses_index(query.q):
+            return _indexed_search(query, status)
+        return _recent_search(query, status)
+    total = recovery_totals()[status]
+    win = window(query.page, query.per_page, total)
+    return Listing(read_window(recovery_status(RecoveryEvent.objects.all(), status), win), win)
+
+
+# --- Security -----------------------------------------------------------------------------
+
+
+def security_listing(query: TableQuery) -> Listing:
+    rows = SecurityEvent.objects.all()
+    severity = query.get("severity")
+    if severity and severity != "all":
+        rows = rows.filter(severity=severity)
+    if query.q:
+        rows = rows.filter(
+            Q(category__icontains=query.q)
+            | Q(key__icontains=query.q)
+            | Q(source__icontains=query.q)
+            | Q(cwe__icontains=query.q)
+            | Q(detail__icontains=query.q)
+        )
+    win = window(query.page, query.per_page, rows.count())
+    page = list(rows.latest_first()[win.offset : win.offset + win.limit]) if win.limit else []
+    return Listing(page, win)
+
+
+# --- Jobs ---------------------------------------------------------------------------------
+
+
+def job_filter(queryset: QuerySet, spec: dict[str, str], now: datetime) -> QuerySet:
+    """Jobs matching a Jobs-page filter: ``state``, ``operation``, ``error``, ``q``.
+
+    Shared by the list, the bulk-action confirmation and the bulk-action job,
+    so "everything matching the current filter" means the same everywhere.
+    ``q`` is a job id (``42`` or ``#42``) or a literal piece of the operation
+    name or the owner.
+    """
+    state = spec.get("state") or "all"
+    if state == "active":
+        queryset = queryset.active()
+    elif state == "retrying":
+        queryset = queryset.retrying(now)
+    elif state in JobState.values:
+        queryset = queryset.filter(state=state)
+    if spec.get("operation"):
+        queryset = queryset.filter(operation=spec["operation"])
+    if spec.get("error"):
+        queryset = queryset.filter(last_error_class=spec["error"])
+    text = (spec.get("q") or "").strip()
+    if text:
+        condition = Q(operation__icontains=text) | Q(owner__icontains=text)
+        digits = text.removeprefix("#")
+        if digits.isascii() and digits.isdigit() and len(digits) <= 18:
+            condition |= Q(pk=int(digits))
+        queryset = queryset.filter(condition)
+    return queryset
+
+
+def job_spec(query: TableQuery) -> dict[str, str]:
+    return {"q": query.q, **dict(query.filters)}
+
+
+def jobs_listing(query: TableQuery, now: datetime) -> Listing:
+    rows = job_filter(Job.objects.all(), job_spec(query), now)
+    win = window(query.page, query.per_page, rows.count())
+    return Listing(read_window(rows, win), win)
