@@ -219,7 +219,8 @@ def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
         operation=operation,
         reason=outcome.refusal or "",
     )
-    return _answer(request, job_id, said, reverse("problems:job", args=[job_id]))
+    fallback = reverse("problems:job", args=[job_id]) if operation else reverse("problems:jobs")
+    return _answer(request, job_id, said, fallback)
 
 
 # --- bulk ---------------------------------------------------------------------------------
