@@ -113,7 +113,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
         query=query,
         listing=listing,
         poll=any(job.is_active for job in listing.rows),
-        noun="jobs",
+        noun=("job", "jobs"),
         bulk_actions=[(action, LABELS[action]) for action in PAST if action in allowed],
         upto=Job.objects.aggregate(top=Max("id"))["top"] or 0,
     )

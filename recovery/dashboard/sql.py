@@ -59,6 +59,16 @@ def _sqlite_count(row: str, delta: str) -> str:
     )
 
 
+def _sqlite_uncount(row: str) -> str:
+    """Only ever decrements an existing row: if the counts were emptied first (a
+    flush that deletes both tables), a delete must not leave a -1 behind."""
+    day = _SQLITE_DAY.format(row=row)
+    return (
+        f"UPDATE {COUNTS} SET events = events - 1 WHERE day = {day} "
+        f"AND failed = ({row}.done IS 0) AND deleted = ({row}.deleted_data = 1);"
+    )
+
+
 SQLITE_INSTALL = [
     f"CREATE VIRTUAL TABLE IF NOT EXISTS {FTS} USING fts5("
     f"type, detail, db, content='{EVENTS}', content_rowid='id', tokenize='trigram')",
@@ -79,11 +89,11 @@ SQLITE_INSTALL = [
         {_sqlite_count("new", "1")}
     END""",
     f"""CREATE TRIGGER IF NOT EXISTS recovery_dailycount_ad AFTER DELETE ON {EVENTS} BEGIN
-        {_sqlite_count("old", "-1")}
+        {_sqlite_uncount("old")}
     END""",
     f"""CREATE TRIGGER IF NOT EXISTS recovery_dailycount_au
         AFTER UPDATE OF ts, recorded_at, done, deleted_data ON {EVENTS} BEGIN
-        {_sqlite_count("old", "-1")}
+        {_sqlite_uncount("old")}
         {_sqlite_count("new", "1")}
     END""",
     # Rebuild from the table: right after creation and after any gap in the triggers.
@@ -104,24 +114,34 @@ SQLITE_UNINSTALL = [
 _PG_DAY = "(COALESCE(ts, recorded_at) AT TIME ZONE 'UTC')::date"
 
 
-def _pg_upsert(rows: str, sign: str) -> str:
+def _pg_upsert(rows: str) -> str:
     return (
         f"INSERT INTO {COUNTS} AS c (day, failed, deleted, events) "
-        f"SELECT {_PG_DAY}, done IS FALSE, deleted_data, {sign}count(*) FROM {rows} "
+        f"SELECT {_PG_DAY}, done IS FALSE, deleted_data, count(*) FROM {rows} "
         f"GROUP BY 1, 2, 3 ORDER BY 1, 2, 3 "
         f"ON CONFLICT (day, failed, deleted) DO UPDATE SET events = c.events + EXCLUDED.events;"
     )
 
 
+def _pg_subtract(rows: str) -> str:
+    """Decrements existing rows only (see ``_sqlite_uncount``)."""
+    return (
+        f"UPDATE {COUNTS} AS c SET events = c.events - gone.n FROM ("
+        f"SELECT {_PG_DAY} AS day, done IS FALSE AS failed, deleted_data AS deleted, "
+        f"count(*) AS n FROM {rows} GROUP BY 1, 2, 3) AS gone "
+        f"WHERE c.day = gone.day AND c.failed = gone.failed AND c.deleted = gone.deleted;"
+    )
+
+
 PG_INSTALL = [
     f"""CREATE OR REPLACE FUNCTION recovery_dailycount_ins() RETURNS trigger
-        LANGUAGE plpgsql AS $$ BEGIN {_pg_upsert("new_rows", "")} RETURN NULL; END $$""",
+        LANGUAGE plpgsql AS $$ BEGIN {_pg_upsert("new_rows")} RETURN NULL; END $$""",
     f"""CREATE OR REPLACE FUNCTION recovery_dailycount_del() RETURNS trigger
-        LANGUAGE plpgsql AS $$ BEGIN {_pg_upsert("old_rows", "-")} RETURN NULL; END $$""",
+        LANGUAGE plpgsql AS $$ BEGIN {_pg_subtract("old_rows")} RETURN NULL; END $$""",
     f"""CREATE OR REPLACE FUNCTION recovery_dailycount_upd() RETURNS trigger
         LANGUAGE plpgsql AS $$ BEGIN
-            {_pg_upsert("old_rows", "-")}
-            {_pg_upsert("new_rows", "")}
+            {_pg_subtract("old_rows")}
+            {_pg_upsert("new_rows")}
             RETURN NULL;
         END $$""",
     f"DROP TRIGGER IF EXISTS recovery_dailycount_ins ON {EVENTS}",

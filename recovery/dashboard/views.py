@@ -131,7 +131,7 @@ def recovery(request: HttpRequest) -> HttpResponse:
         query=query,
         listing=listing,
         statuses=[(s, STATUS_LABELS[s], totals[s]) for s in RECOVERY_STATUSES],
-        noun="events",
+        noun=("event", "events"),
     )
     if wants_fragment(request):
         return render(request, "problems/_recovery_results.html", context)
@@ -148,7 +148,7 @@ def security(request: HttpRequest) -> HttpResponse:
         query=query,
         listing=listing,
         severities=[(s, SEVERITY_LABELS[s]) for s in SEVERITIES],
-        noun="kinds of refusal",
+        noun=("kind of refusal", "kinds of refusal"),
     )
     if wants_fragment(request):
         return render(request, "problems/_security_results.html", context)

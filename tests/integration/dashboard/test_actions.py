@@ -175,7 +175,7 @@ def test_bulk_selected__confirms_with_the_count_then_applies(admin, make_job):
     confirm = admin.post(reverse("problems:bulk"), data)
     html = confirm.content.decode()
     assert confirm.status_code == 200
-    assert "Cancel <strong>4 jobs</strong>" in html
+    assert "Cancel the <strong>4 jobs</strong> you selected?" in html
     assert re.search(r"running</span></td><td class=\"num\">3<", html)
     assert all(Job.objects.get(pk=j.pk).state == "running" for j in running)  # not yet
     applied = admin.post(reverse("problems:bulk"), {**data, "confirmed": "1"}, follow=True)
@@ -215,7 +215,7 @@ def test_bulk_filter__runs_as_a_durable_job_in_batches(admin, make_job, monkeypa
     data = {"action": "pause", "scope": "filter", "filter_state": "queued",
             "upto": str(max(j.pk for j in (*queued, other)))}  # fmt: skip
     confirm = admin.post(reverse("problems:bulk"), data).content.decode()
-    assert "Pause <strong>5 jobs</strong> — every job matching state=queued" in confirm
+    assert "Pause <strong>5 jobs</strong>: every job matching state=queued, created up" in confirm
     late = make_job("queued")  # created after the confirmation: not touched
     response = admin.post(reverse("problems:bulk"), {**data, "confirmed": "1"})
     bulk_job = Job.objects.get(operation="recovery.bulk_action")

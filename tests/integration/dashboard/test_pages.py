@@ -91,7 +91,8 @@ def test_recovery__filters_apply_before_counting(admin, status, expected):
     html = admin.get(reverse("problems:recovery"), {"status": status}).content.decode()
     details = set(re.findall(r"D-(\w+)", " ".join(rows(html))))
     assert details == expected
-    assert f"<strong>{len(expected)}</strong> events" in html
+    noun = "event" if len(expected) == 1 else "events"
+    assert f"<strong>{len(expected)}</strong> {noun}" in html
 
 
 def test_recovery__paging_edges(admin):
