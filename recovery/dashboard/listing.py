@@ -9,6 +9,9 @@
   ("10,000+ matches") and paging reaches the newest ``SEARCH_LIMIT`` matches.
 - **Recovery, shorter search**: no trigram to look up, so the newest
   ``RECENT_SCAN`` events are scanned and the page says so.
+- **Recovery, search and a filter** on SQLite: the newest ``FILTERED_SCAN``
+  matches of the text are filtered (the page says so when there are more);
+  PostgreSQL combines both indexes and needs no bound.
 - **Security** is small by design (one row per kind of refusal) and **Jobs**
   are counted directly (100,000 jobs count in milliseconds through the
   ``(state, -id)`` index); both page from the nearer end too.
@@ -45,6 +48,7 @@ from .query import (
 
 SEARCH_LIMIT = 10_000
 RECENT_SCAN = 20_000
+FILTERED_SCAN = 50_000  # SQLite: matches of a search looked at when a filter is set too
 
 RECOVERY_STATUSES = ("all", "done", "failed", "deleted")
 RECOVERY_FILTERS = (Filter("status", RECOVERY_STATUSES, "all"),)
@@ -131,7 +135,11 @@ def _like_any(operator: str) -> str:
 
 
 def _indexed_search_sql(status: str) -> tuple[str, str]:
-    """(SQL of matching ids newest first, its parameter) for a search of 3+ characters."""
+    """(SQL of matching ids newest first, its parameters' kind) for a search of 3+ characters.
+
+    Kinds: ``phrase`` (one FTS5 phrase), ``phrase+scan`` (the phrase and
+    ``FILTERED_SCAN``), ``pattern`` (three LIKE patterns).
+    """
     condition = _SQL_STATUS[connection.vendor][status]
     if connection.vendor == "sqlite":
         # The FTS5 table yields rowids in descending order by itself, so a
@@ -142,21 +150,27 @@ def _indexed_search_sql(status: str) -> tuple[str, str]:
                 "ORDER BY rowid DESC",
                 "phrase",
             )
+        # With a filter, a common word would be checked against the filter row
+        # by row through all its matches: only its newest FILTERED_SCAN are.
         return (
-            f"SELECT e.id FROM recovery_event_fts "
-            f"JOIN {_TABLE} e ON e.id = recovery_event_fts.rowid "
-            f"WHERE recovery_event_fts MATCH %s{condition} ORDER BY recovery_event_fts.rowid DESC",
-            "phrase",
+            f"SELECT e.id FROM (SELECT rowid FROM recovery_event_fts "
+            f"WHERE recovery_event_fts MATCH %s ORDER BY rowid DESC LIMIT %s) AS m "
+            f"JOIN {_TABLE} e ON e.id = m.rowid WHERE 1 = 1{condition} ORDER BY e.id DESC",
+            "phrase+scan",
         )
+    # PostgreSQL combines the trigram indexes with the partial index of a
+    # filter (a BitmapAnd), or walks the primary key for a very common word.
     return (
         f"SELECT e.id FROM {_TABLE} e WHERE ({_like_any('ILIKE')}){condition} ORDER BY e.id DESC",
         "pattern",
     )
 
 
-def _params(kind: str, text: str) -> list[str]:
+def _params(kind: str, text: str) -> list[Any]:
     if kind == "phrase":
         return [fts5_phrase(text)]
+    if kind == "phrase+scan":
+        return [fts5_phrase(text), FILTERED_SCAN]
     return [like_contains(text)] * 3
 
 
@@ -184,7 +198,21 @@ def _indexed_search(query: TableQuery, status: str) -> Listing:
         if bounded
         else ""
     )
+    if kind == "phrase+scan" and _scan_was_cut(query.q):
+        note = (
+            f"The text matches more than {FILTERED_SCAN:,} events: with a filter, the newest "
+            f"{FILTERED_SCAN:,} of them are looked at. {note}"
+        ).strip()
     return Listing(_rows_by_id(ids), win, note)
+
+
+def _scan_was_cut(text: str) -> bool:
+    counted = _fetch(
+        "SELECT count(*) FROM (SELECT rowid FROM recovery_event_fts "
+        "WHERE recovery_event_fts MATCH %s LIMIT %s) AS m",
+        [fts5_phrase(text), FILTERED_SCAN + 1],
+    )[0]
+    return counted > FILTERED_SCAN
 
 
 def _recent_search(query: TableQuery, status: str) -> Listing:

@@ -135,6 +135,22 @@ def test_search__short_queries_scan_only_the_latest_events(monkeypatch):
     assert "latest 5 events" in result.note
 
 
+def test_search__with_a_filter_looks_at_the_newest_matches_on_sqlite(monkeypatch):
+    monkeypatch.setattr(listing, "FILTERED_SCAN", 3)
+    old = record_event("t", detail="needle old", done=False)
+    for n in range(3):
+        record_event("t", detail=f"needle {n}")
+    new = record_event("t", detail="needle new", done=False)
+    query = parse_table_query({"q": "needle", "status": "failed"}, listing.RECOVERY_FILTERS)
+    result = recovery_listing(query)
+    if connection.vendor == "sqlite":
+        assert [e.pk for e in result.rows] == [new.pk]  # "needle old" is the 5th match
+        assert "the newest 3 of them are looked at" in result.note
+    else:  # both indexes combined: no bound
+        assert [e.pk for e in result.rows] == [new.pk, old.pk]
+        assert result.note == ""
+
+
 def test_search__index_follows_updates_and_deletes():
     event = record_event("t", detail="before-edit")
     assert search("before-edit") == [event.pk]
@@ -226,7 +242,10 @@ def test_explain__a_search_uses_the_trigram_index(status):
         assert re.search(rf"Bitmap Index Scan on \S*{wanted}", plan), plan
     else:
         assert re.search(r"VIRTUAL TABLE INDEX \d+:M", plan), plan  # FTS5's MATCH index
-        assert "TEMP B-TREE" not in plan, plan  # rowids come out in order: no sort
+        if status == "all":
+            assert "TEMP B-TREE" not in plan, plan  # rowids come out in order: no sort
+        else:  # the newest FILTERED_SCAN matches, filtered, then sorted: a bounded sort
+            assert re.search(r"LIMIT %s\) AS m", statement), statement
 
 
 def test_explain__the_last_page_is_read_backwards_without_offset_over_everything():
