@@ -226,7 +226,8 @@ def plans() -> None:
     print("plans:")
     for label, q, status in (("rare word", RARE, "all"), ("common word", "backup", "all"),
                              ("rare word, failed", RARE, "failed")):  # fmt: skip
-        sql, kind = listing._indexed_search_sql(status)
+        sql, order, kind = listing._indexed_search_sql(status)
+        sql = f"{sql} {order}"
         params = listing._params(kind, q)
         with connection.cursor() as cursor:
             prefix = "EXPLAIN" if connection.vendor == "postgresql" else "EXPLAIN QUERY PLAN"

@@ -48,7 +48,7 @@ from .query import (
 
 SEARCH_LIMIT = 10_000
 RECENT_SCAN = 20_000
-FILTERED_SCAN = 50_000  # SQLite: matches of a search looked at when a filter is set too
+FILTERED_SCAN = 20_000  # SQLite: matches of a search looked at when a filter is set too
 
 RECOVERY_STATUSES = ("all", "done", "failed", "deleted")
 RECOVERY_FILTERS = (Filter("status", RECOVERY_STATUSES, "all"),)
@@ -75,12 +75,20 @@ class Listing:
 
 
 def read_window(queryset: QuerySet, win: Window) -> list[Any]:
-    """The page's rows, newest first, reading from whichever end is nearer."""
+    """The page's rows, newest first, reading from whichever end is nearer.
+
+    The rows skipped by the offset are read as ids only (an index-only scan
+    where the database can), then just the page's rows are fetched whole.
+    """
     if win.limit <= 0:
         return []
+    ids = queryset.values_list("id", flat=True)
     if win.from_end:
-        return list(queryset.order_by("id")[win.after : win.after + win.limit])[::-1]
-    return list(queryset.order_by("-id")[win.offset : win.offset + win.limit])
+        page = list(ids.order_by("id")[win.after : win.after + win.limit])[::-1]
+    else:
+        page = list(ids.order_by("-id")[win.offset : win.offset + win.limit])
+    found = queryset.model.objects.in_bulk(page)
+    return [found[pk] for pk in page if pk in found]
 
 
 # --- Recovery -----------------------------------------------------------------------------
@@ -134,8 +142,9 @@ def _like_any(operator: str) -> str:
     )
 
 
-def _indexed_search_sql(status: str) -> tuple[str, str]:
-    """(SQL of matching ids newest first, its parameters' kind) for a search of 3+ characters.
+def _indexed_search_sql(status: str) -> tuple[str, str, str]:
+    """(SQL of the matching ids, its ORDER BY newest first, its parameters' kind)
+    for a search of 3+ characters.
 
     Kinds: ``phrase`` (one FTS5 phrase), ``phrase+scan`` (the phrase and
     ``FILTERED_SCAN``), ``pattern`` (three LIKE patterns).
@@ -146,7 +155,7 @@ def _indexed_search_sql(status: str) -> tuple[str, str]:
         # LIMIT stops the scan early even for a word in half the rows.
         if not condition:
             return (
-                "SELECT rowid FROM recovery_event_fts WHERE recovery_event_fts MATCH %s "
+                "SELECT rowid FROM recovery_event_fts WHERE recovery_event_fts MATCH %s",
                 "ORDER BY rowid DESC",
                 "phrase",
             )
@@ -155,13 +164,15 @@ def _indexed_search_sql(status: str) -> tuple[str, str]:
         return (
             f"SELECT e.id FROM (SELECT rowid FROM recovery_event_fts "
             f"WHERE recovery_event_fts MATCH %s ORDER BY rowid DESC LIMIT %s) AS m "
-            f"JOIN {_TABLE} e ON e.id = m.rowid WHERE 1 = 1{condition} ORDER BY e.id DESC",
+            f"JOIN {_TABLE} e ON e.id = m.rowid WHERE 1 = 1{condition}",
+            "ORDER BY e.id DESC",
             "phrase+scan",
         )
     # PostgreSQL combines the trigram indexes with the partial index of a
     # filter (a BitmapAnd), or walks the primary key for a very common word.
     return (
-        f"SELECT e.id FROM {_TABLE} e WHERE ({_like_any('ILIKE')}){condition} ORDER BY e.id DESC",
+        f"SELECT e.id FROM {_TABLE} e WHERE ({_like_any('ILIKE')}){condition}",
+        "ORDER BY e.id DESC",
         "pattern",
     )
 
@@ -186,12 +197,21 @@ def _rows_by_id(ids: list[int]) -> list[RecoveryEvent]:
 
 
 def _indexed_search(query: TableQuery, status: str) -> Listing:
-    sql, kind = _indexed_search_sql(status)
+    sql, order, kind = _indexed_search_sql(status)
     params = _params(kind, query.q)
+    # Counting needs no order: each database finds the cheapest way to stop at the cap.
     counted = _fetch(f"SELECT count(*) FROM ({sql} LIMIT %s) AS m", [*params, SEARCH_LIMIT + 1])[0]
     bounded = counted > SEARCH_LIMIT
     win = window(query.page, query.per_page, min(counted, SEARCH_LIMIT), bounded=bounded)
-    ids = _fetch(f"{sql} LIMIT %s OFFSET %s", [*params, win.limit, win.offset]) if win.limit else []
+    if connection.vendor == "postgresql" and not bounded:
+        # At most SEARCH_LIMIT matches, known now: collect them all through the
+        # trigram indexes and sort them. With "ORDER BY id DESC LIMIT 5" alone the
+        # planner may hope to meet the 5 early walking the primary key, and read
+        # all of a million rows to find a rare word's 5 matches.
+        page_sql = f"WITH m AS MATERIALIZED ({sql}) SELECT id FROM m ORDER BY id DESC"
+    else:
+        page_sql = f"{sql} {order}"
+    ids = _fetch(f"{page_sql} LIMIT %s OFFSET %s", [*params, win.limit, win.offset])
     note = (
         f"More than {SEARCH_LIMIT:,} matches: the newest {SEARCH_LIMIT:,} can be paged. "
         "Add words to narrow the search."

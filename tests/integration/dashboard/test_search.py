@@ -231,7 +231,8 @@ def _plan(sql_text: str, params: list, disable: tuple[str, ...] = ("seqscan", "s
 @pytest.mark.parametrize("status", ["all", "failed"])
 def test_explain__a_search_uses_the_trigram_index(status):
     record_event("t", detail="something")
-    statement, kind = listing._indexed_search_sql(status)
+    statement, order, kind = listing._indexed_search_sql(status)
+    statement = f"{statement} {order}"
     # PostgreSQL may also walk the primary key newest-first and filter (right for a
     # common word); with plain index scans off, the trigram indexes must serve it.
     plan = _plan(f"{statement} LIMIT 10", listing._params(kind, "something"),
