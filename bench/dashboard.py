@@ -181,20 +181,20 @@ def load_jobs(count: int) -> float:
 
 
 def reset() -> None:
+    """Empty the tables this benchmark fills (only needed when reusing a database)."""
     from django.db import connection
 
-    from durable.models import Job
+    from durable.models import Job, JobEvent, UnitResult
     from recovery.models import DailyCount, RecoveryEvent
 
-    tables = [RecoveryEvent._meta.db_table, DailyCount._meta.db_table, Job._meta.db_table]
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
+    if connection.vendor == "postgresql":
+        tables = [RecoveryEvent._meta.db_table, DailyCount._meta.db_table, Job._meta.db_table]
+        with connection.cursor() as cursor:
             cursor.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE")
-        else:
-            for table in tables:  # the triggers keep the FTS index in step
-                cursor.execute(f"DELETE FROM {table}")
-            cursor.execute("DELETE FROM recovery_dailycount")
-            cursor.execute("INSERT INTO recovery_event_fts(recovery_event_fts) VALUES ('rebuild')")
+        return
+    # In foreign-key order; the triggers keep the search index in step.
+    for model in (JobEvent, UnitResult, Job, RecoveryEvent, DailyCount):
+        model.objects.all().delete()
 
 
 def analyze() -> None:
