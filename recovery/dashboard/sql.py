@@ -14,7 +14,7 @@
 rebuilds the FTS index and the counts from the table, so running it again is
 always safe. **A later migration that rebuilds ``recovery_recoveryevent`` on
 SQLite** (Django copies the table on most ``AlterField``s) drops its triggers:
-call ``install`` again at its end. ``tests/integration/test_dashboard_search.py``
+call ``install`` again at its end. ``tests/integration/dashboard/test_search.py``
 fails if the triggers are missing.
 """
 
