@@ -24,7 +24,7 @@ setup: $(STAMP)
 # Starts one worker process and gunicorn; Ctrl-C stops both (the worker gracefully).
 run: setup
 	$(BIN)/python manage.py ensure_admin
-	@echo "Site: http://$(BIND)/admin/  (stop with Ctrl-C)"
+	@echo "Problems dashboard: http://$(BIND)/problems/  (admin site: /admin/; stop with Ctrl-C)"
 	@trap 'kill -TERM $$worker 2>/dev/null; wait $$worker' EXIT INT TERM; \
 	$(BIN)/python manage.py runworker $(WORKER_ARGS) & worker=$$!; \
 	$(BIN)/gunicorn recovery.wsgi --bind $(BIND) --workers $(WEB_WORKERS) \

@@ -90,6 +90,14 @@ class Job(models.Model):
     objects = JobQuerySet.as_manager()
 
     class Meta:
+        # The dashboard's operator actions, grantable one by one (Django's own
+        # add_job lets a user start jobs from the dashboard's "New job" page;
+        # change_job implies all three of these).
+        permissions = [
+            ("pause_job", "Can pause and resume jobs"),
+            ("cancel_job", "Can cancel jobs"),
+            ("retry_job", "Can retry jobs now"),
+        ]
         indexes = [
             # The claim: WHERE state='queued' AND queue=? AND next_attempt_at<=?
             # ORDER BY priority DESC, next_attempt_at, id — an index range scan.

@@ -147,6 +147,13 @@ class RecoveryEvent(models.Model):
             models.Index(
                 fields=["-id"], name="recovery_event_deleted", condition=Q(deleted_data=True)
             ),
+            # Warnings and errors, newest first: with the Failed index, the
+            # Summary page's "recent problems" (recovery.dashboard.listing).
+            models.Index(
+                fields=["-id"],
+                name="recovery_event_severe",
+                condition=Q(severity__in=["warning", "error"]),
+            ),
             models.Index(
                 fields=["job_id", "-id"],
                 name="recovery_event_job",
@@ -254,4 +261,5 @@ class IngestCursor(models.Model):
         return f"{self.path} @ {self.offset}"
 
 
+from .dashboard.models import DailyCount  # noqa: E402,F401 - registers the model
 from .imports.models import ImportRecord  # noqa: E402,F401 - registers the model

@@ -311,4 +311,5 @@ class IngestRecoveryEvents(Operation):
         return {"summary": summary}
 
 
+from .dashboard.bulk import BulkAction  # noqa: E402,F401 - registers recovery.bulk_action
 from .imports import operations as _imports  # noqa: E402,F401 - registers import.jsonl, import.csv

@@ -156,7 +156,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "problems:login"  # the dashboard's own page; the admin keeps /admin/login/
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = os.environ.get("TIME_ZONE", "UTC")
@@ -316,3 +316,29 @@ STORAGES.update(FILE_STORAGES)
 # Directories import.jsonl / import.csv may read from (comma-separated). Empty:
 # any file the worker can read, like recovery.ingest's path.
 RECOVERY_IMPORT_DIRS = env_list("RECOVERY_IMPORT_DIRS", "")
+
+
+# --- Problems dashboard (README: "Problems dashboard") --------------------------------------
+
+# How many reverse proxies of your own stand in front of the site. 0: the
+# X-Forwarded-For header is ignored and the TCP peer is the client (right when
+# gunicorn faces the network). N: the N-th address from the right of
+# X-Forwarded-For is the client; the ones left of it are not believed.
+TRUSTED_PROXY_COUNT = int(os.environ.get("TRUSTED_PROXY_COUNT", "0"))
+if TRUSTED_PROXY_COUNT < 0:
+    raise ImproperlyConfigured("TRUSTED_PROXY_COUNT must be 0 or more")
+# No inline scripts or styles anywhere (recovery.dashboard.csp); "" sends no header.
+CONTENT_SECURITY_POLICY = os.environ.get(
+    "CONTENT_SECURITY_POLICY",
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "font-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'none'; "
+    "form-action 'self'; frame-ancestors 'none'",
+)
+MIDDLEWARE.insert(
+    MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
+    "recovery.dashboard.csp.ContentSecurityPolicyMiddleware",
+)
+# htmx sends the CSRF token from the page (hx-headers), so scripts never need the cookie.
+CSRF_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)

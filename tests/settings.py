@@ -83,3 +83,9 @@ DATABASES["lite"] = _second(
 # A daily purge firing during a test run would add a job to tests that count them;
 # the retention schedule's own tests switch it on.
 DURABLE_RETENTION = "off"
+
+
+# Serve static files straight from static/ (make test never runs collectstatic);
+# autorefresh also keeps WhiteNoise from warning that var/staticfiles is missing.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = True

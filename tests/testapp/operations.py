@@ -6,6 +6,7 @@
   destination, as a file copy that verifies before writing would.
 - ``test.flaky``: fails its first ``fail_times`` attempts with a chosen error.
 - ``test.needs_credential``: needs the credential named by ``token_ref``.
+- ``test.form``: takes its input from a Django form (the dashboard's "New job").
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+from django import forms
 from django.utils import timezone
 
-from durable.errors import NonRetryable, RetryLater, Unavailable
+from durable.errors import InputRejected, NonRetryable, RetryLater, Unavailable
 from durable.operations import JobContext, Operation, Unit, register
 
 from .models import SideEffect
@@ -183,3 +185,32 @@ class HttpCalls(Operation):
         url = ctx.input["base"] + ctx.input["paths"][unit.payload]
         response = http.request(ctx, ctx.input.get("provider", "api"), "GET", url)
         return {"status": response.status, "bytes": len(response.content)}
+
+
+class CopyForm(forms.Form):
+    """The "New job" page renders this instead of a JSON field (``Operation.input_form``)."""
+
+    source = forms.CharField(max_length=100, help_text="Where to copy from.")
+    copies = forms.IntegerField(min_value=1, max_value=10, initial=1)
+    not_before = forms.DateField(required=False)
+
+
+@register
+class FormInput(Operation):
+    """An operation with an ``input_form``; ``clean_input`` refuses one source by name."""
+
+    name = "test.form"
+    label = "Copy (form input)"
+    input_form = CopyForm
+
+    def clean_input(self, data: dict[str, Any]) -> dict[str, Any]:
+        if data.get("source") == "/etc/shadow":
+            raise InputRejected("source", "that file is off limits")
+        return data
+
+    def units(self, ctx: JobContext) -> Iterator[Unit]:
+        if not ctx.checkpoint:
+            yield Unit(key="only", checkpoint={"done": True})
+
+    def run_unit(self, ctx: JobContext, unit: Unit) -> None:
+        return None

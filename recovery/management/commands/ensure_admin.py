@@ -20,7 +20,7 @@ class Command(BaseCommand):
     def handle(self, *args: object, **options: object) -> None:
         users = get_user_model()
         if users.objects.filter(is_superuser=True).exists():
-            self.stdout.write("An administrator exists; log in at /admin/ with that account.")
+            self.stdout.write("An administrator exists; log in at /problems/ with that account.")
             return
         username = os.environ.get("ADMIN_USERNAME", "admin")
         password = os.environ.get("ADMIN_PASSWORD")

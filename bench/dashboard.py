@@ -1,0 +1,324 @@
+"""Problems dashboard: server time of its pages on 1,000,000 recovery events and 100,000 jobs.
+
+    python bench/dashboard.py [--events 1000000] [--jobs 100000] [--repeat 40] [--reuse]
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/bench_issue5 python bench/dashboard.py
+
+1. Loads the events through the ingest's own bulk insert (``insert_lines``), so
+   the search index and the per-day counts are kept by their triggers exactly
+   as in production; the jobs are bulk-created in every state with progress,
+   attempts, leases and errors. ``--reuse`` keeps data already loaded.
+2. Times each page through Django's full stack in this process (middleware,
+   session, queries, templates: the server's share of a request), logged in as
+   a superuser, ``--repeat`` times after one warm-up: median and p95.
+   Target: every listed page <= 100 ms p95 on SQLite and PostgreSQL. The login
+   page (no query) is the baseline measured in the same run.
+3. Prints the query plans of the searches and the Failed filter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import statistics
+import time
+from datetime import UTC, datetime, timedelta
+
+from _setup import BASE_DIR, configure
+
+RARE = "zebracorn"
+WORDS = [
+    *[
+        "backup",
+        "verified",
+        "restored",
+        "wekan",
+        "boards",
+        "attachments",
+        "sqlite",
+        "ferretdb",
+        "integrity",
+        "bloat",
+    ],
+    *[
+        "index",
+        "vacuum",
+        "remigrate",
+        "snapshot",
+        "archive",
+        "checksum",
+        "manifest",
+        "users",
+        "cards",
+        "lists",
+    ],
+    *[
+        "swimlanes",
+        "migration",
+        "startup",
+        "shutdown",
+        "disk",
+        "quota",
+        "permission",
+        "retention",
+        "upload",
+    ],
+    *["avatar", "webhook", "mail", "import"],
+]
+TYPES = [
+    ("backup-created", 30), ("backup-verified", 20), ("integrity-ok", 20), ("bloat-repaired", 5),
+    ("remigrate", 3), ("restore-backup", 2), ("restore-prev", 1), ("corruption-detected", 1),
+    ("manual-required", 1), ("board-permanently-deleted", 2), ("job-reclaimed-after-restart", 1),
+]  # fmt: skip
+TARGET_MS = 100.0
+
+
+def make_events(count: int, seed: int = 5):
+    """(offset, crc, LineEvent) tuples: a mix like a busy WeKan host's, over 90 days."""
+    from recovery.parsing import LineEvent
+
+    rng = random.Random(seed)
+    names, weights = zip(*TYPES, strict=True)
+    now = datetime.now(UTC)
+    rare_at = {int(count * f) for f in (0.1, 0.35, 0.6, 0.85, 0.999)}  # 5 rows hold the rare word
+    for n in range(count):
+        kind = rng.choices(names, weights)[0]
+        roll = rng.random()
+        severity = "error" if roll < 0.01 else "warning" if roll < 0.06 else "info"
+        done = False if rng.random() < 0.02 else (None if rng.random() < 0.5 else True)
+        deleted = kind == "board-permanently-deleted" or rng.random() < 0.003
+        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 14)))
+        if n in rare_at:
+            words += f" {RARE}"
+        detail = f"{kind.replace('-', ' ').capitalize()}: {words} (run {n})"
+        ts = now - timedelta(days=90) * (1 - n / count) - timedelta(seconds=rng.random() * 60)
+        user = f"user{n % 40}" if rng.random() < 0.05 else ""
+        yield n * 200, n & 0xFFFFFFFF, LineEvent(
+            kind, severity, "startup" if n % 3 else "server", f"wekan{n % 4 or ''}", detail,
+            done, deleted, user and str(n % 40), user,
+            f"192.0.2.{n % 250}" if user else None, None, (), (), 0, ts,
+        )  # fmt: skip
+
+
+def load_events(count: int) -> float:
+    from django.db import transaction
+    from django.utils import timezone
+
+    from recovery.policy import line_prefix
+    from recovery.records import insert_lines
+
+    started = time.perf_counter()
+    batch: list = []
+    prefix = line_prefix("bench", 0)
+    for item in make_events(count):
+        batch.append(item)
+        if len(batch) == 10_000:
+            with transaction.atomic():
+                insert_lines(batch, prefix=prefix, recorded_at=timezone.now())
+            batch = []
+    if batch:
+        with transaction.atomic():
+            insert_lines(batch, prefix=prefix, recorded_at=timezone.now())
+    return time.perf_counter() - started
+
+
+def error_entry(now: datetime, error: str) -> dict:
+    return {
+        "at": now.isoformat(),
+        "attempt": 1,
+        "error_class": error,
+        "message": f"{error}: something went wrong",
+        "retryable": True,
+        "traceback": "Traceback (most recent call last):\n" + "  ...\n" * 20,
+    }
+
+
+def load_jobs(count: int) -> float:
+    """Bulk-created rows (a benchmark's shortcut; the app changes jobs only through the engine)."""
+    from django.utils import timezone
+
+    from durable.models import Job
+
+    rng = random.Random(7)
+    now = timezone.now()
+    states = [("completed", 70), ("failed", 8), ("cancelled", 4), ("queued", 10),
+              ("paused", 5), ("running", 2), ("cancelling", 1)]  # fmt: skip
+    names, weights = zip(*states, strict=True)
+    operations = ["durable.noop", "recovery.ingest", "files.move", "imports.trello", "mail.send"]
+    errors = ["OSError", "httpx.ConnectTimeout", "durable.errors.NonRetryable", "ValueError"]
+    started = time.perf_counter()
+    rows = []
+    for n in range(count):
+        state = rng.choices(names, weights)[0]
+        total = rng.randint(1, 5000)
+        failed = state in ("failed", "paused") or (state == "queued" and rng.random() < 0.3)
+        error = rng.choice(errors) if failed else ""
+        leased = state in ("running", "cancelling")
+        rows.append(
+            Job(
+                operation=rng.choice(operations),
+                owner=f"user{n % 40}",
+                state=state,
+                units_total=total,
+                units_done=total if state == "completed" else rng.randint(0, total),
+                attempts=rng.randint(1, 4) if failed else 0,
+                next_attempt_at=now + timedelta(seconds=rng.randint(-3600, 600)),
+                last_error_class=error,
+                errors=[error_entry(now, error)] if error else [],
+                reason="paused by admin" if state == "paused" else "",
+                lease_owner=f"host:{n % 7}:abc" if leased else None,
+                lease_expires_at=now + timedelta(seconds=30) if leased else None,
+                created_at=now - timedelta(seconds=count - n),
+                updated_at=now,
+            )
+        )
+        if len(rows) == 5000:
+            Job.objects.bulk_create(rows)
+            rows = []
+    Job.objects.bulk_create(rows)
+    return time.perf_counter() - started
+
+
+def reset() -> None:
+    """Empty the tables this benchmark fills (only needed when reusing a database)."""
+    from django.db import connection
+
+    from durable.models import Job, JobEvent, UnitResult
+    from recovery.models import DailyCount, RecoveryEvent
+
+    if connection.vendor == "postgresql":
+        tables = [RecoveryEvent._meta.db_table, DailyCount._meta.db_table, Job._meta.db_table]
+        with connection.cursor() as cursor:
+            cursor.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE")
+        return
+    # In foreign-key order; the triggers keep the search index in step.
+    for model in (JobEvent, UnitResult, Job, RecoveryEvent, DailyCount):
+        model.objects.all().delete()
+
+
+def analyze() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+
+
+def timed(client, path: str, repeat: int) -> tuple[float, float]:
+    client.get(path)  # warm-up: caches, connection
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        response = client.get(path)
+        times.append((time.perf_counter() - started) * 1000)
+        if response.status_code != 200:
+            raise SystemExit(f"{path}: {response.status_code}")
+    times.sort()
+    p95 = times[min(len(times) - 1, math.ceil(0.95 * len(times)) - 1)]
+    return statistics.median(times), p95
+
+
+def plans() -> None:
+    from django.db import connection
+
+    from recovery.dashboard import listing
+
+    print("plans:")
+    for label, q, status in (("rare word", RARE, "all"), ("common word", "backup", "all"),
+                             ("rare word, failed", RARE, "failed")):  # fmt: skip
+        sql, order, kind = listing._indexed_search_sql(status)
+        sql = f"{sql} {order}"
+        params = listing._params(kind, q)
+        with connection.cursor() as cursor:
+            prefix = "EXPLAIN" if connection.vendor == "postgresql" else "EXPLAIN QUERY PLAN"
+            cursor.execute(f"{prefix} {sql} LIMIT 10", params)
+            rows = [" ".join(str(c) for c in row) for row in cursor.fetchall()]
+        print(f"  search, {label}: " + " / ".join(r.strip() for r in rows)[:230])
+    from recovery.models import RecoveryEvent
+
+    failed = RecoveryEvent.objects.failed().newest_first()[:10].explain()
+    print("  failed filter: " + " / ".join(x.strip() for x in failed.splitlines())[:230])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=40)
+    parser.add_argument("--reuse", action="store_true", help="keep data already loaded")
+    parser.add_argument("--no-analyze", action="store_true", help="skip ANALYZE after loading")
+    args = parser.parse_args()
+    if args.reuse and "DATABASE_URL" not in os.environ:
+        # configure() starts a fresh SQLite file unless DATABASE_URL names one.
+        os.environ["DATABASE_URL"] = f"sqlite:///{BASE_DIR / 'var' / 'bench-dashboard.sqlite3'}"
+    configure("bench-dashboard.sqlite3")
+    from django.conf import settings
+    from django.contrib.auth.models import User
+    from django.core.management import call_command
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import setup_test_environment
+
+    from durable.models import Job
+    from recovery.models import RecoveryEvent
+
+    print(f"database: {connection.vendor} ({settings.DATABASES['default']['NAME']})")
+    have = RecoveryEvent.objects.count(), Job.objects.count()
+    if not args.reuse or have != (args.events, args.jobs):
+        reset()
+        seconds = load_events(args.events)
+        print(f"loaded {args.events:,} events in {seconds:.0f} s ({args.events / seconds:,.0f}/s, "
+              "through insert_lines with the FTS/count triggers)")  # fmt: skip
+        seconds = load_jobs(args.jobs)
+        print(f"loaded {args.jobs:,} jobs in {seconds:.0f} s")
+        if not args.no_analyze:
+            analyze()
+    else:
+        print(f"reusing {have[0]:,} events and {have[1]:,} jobs")
+
+    setup_test_environment()  # lets the test client's host through ALLOWED_HOSTS
+    call_command("collectstatic", interactive=False, verbosity=0)  # as `make setup` does
+    user = User.objects.filter(username="bench").first() or User.objects.create_superuser(
+        "bench", "", "bench"
+    )
+    client = Client()
+    client.force_login(user)
+    last = math.ceil(args.events / 10)
+    pages = [
+        ("Recovery, first page", "/problems/recovery/", True),
+        (f"Recovery, search for a rare word ({RARE!r})", f"/problems/recovery/?q={RARE}", True),
+        ("Recovery, Failed filter", "/problems/recovery/?status=failed", True),
+        (f"Recovery, last page ({last:,})", f"/problems/recovery/?page={last}", True),
+        ("Jobs, first page", "/problems/jobs/", True),
+        ("Recovery, search for a common word ('backup')", "/problems/recovery/?q=backup", False),
+        ("Recovery, 2-letter search ('ok')", "/problems/recovery/?q=ok", False),
+        ("Recovery, common word + Failed", "/problems/recovery/?q=backup&status=failed", False),
+        ("Recovery, middle page", f"/problems/recovery/?page={last // 2}", False),
+        ("Recovery, Failed, last page", "/problems/recovery/?status=failed&page=999999", False),
+        ("Recovery, 100 rows", "/problems/recovery/?per_page=100", False),
+        ("Summary", "/problems/", False),
+        ("Jobs, failed", "/problems/jobs/?state=failed", False),
+        ("Jobs, last page", "/problems/jobs/?page=999999", False),
+        ("Jobs, search 'user3'", "/problems/jobs/?q=user3", False),
+        ("Security", "/problems/security/", False),
+    ]
+    base_median, base_p95 = timed(Client(), "/problems/login/", args.repeat)
+    print(
+        f"baseline, the login page (no query): median {base_median:.1f} ms, p95 {base_p95:.1f} ms"
+    )
+    print(f"{'page':52} {'median':>8} {'p95':>8} {'x base':>7}  target")
+    failures = 0
+    for label, path, targeted in pages:
+        median, p95 = timed(client, path, args.repeat)
+        verdict = ""
+        if targeted:
+            ok = p95 <= TARGET_MS
+            failures += not ok
+            verdict = "ok" if ok else "OVER"
+        print(f"{label:52} {median:7.1f}ms {p95:7.1f}ms {p95 / base_p95:6.1f}x  {verdict}")
+    plans()
+    print(f"target: <= {TARGET_MS:.0f} ms p95 for the first five; {failures} over")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""Where a request came from, trusting ``X-Forwarded-For`` exactly as far as configured.
+
+Anyone can send an ``X-Forwarded-For`` header, so by default it is ignored and
+the address is the TCP peer (``REMOTE_ADDR``). Behind N reverse proxies of
+your own (``TRUSTED_PROXY_COUNT = N``) each proxy appends the address it saw,
+so the client is the N-th entry from the right; entries further left were
+written by the client and are not believed. Fewer entries than N means the
+request did not come through all the proxies: the peer address is used.
+"""
+
+from __future__ import annotations
+
+import re
+
+from recovery.parsing import parse_address
+
+MAX_HEADER_CHARS = 4096
+# "203.0.113.9:51234" and "[2001:db8::1]:443": proxies sometimes add the port.
+_V4_WITH_PORT = re.compile(r"^(\d{1,3}(?:\.\d{1,3}){3}):\d{1,5}$")
+_V6_BRACKETED = re.compile(r"^\[([^\]]+)\](?::\d{1,5})?$")
+
+
+def parse_forwarded_entry(entry: str) -> str | None:
+    """One ``X-Forwarded-For`` element as a normalised address, or None."""
+    text = entry.strip().strip('"')
+    if (match := _V4_WITH_PORT.match(text)) or (match := _V6_BRACKETED.match(text)):
+        text = match.group(1)
+    address = parse_address(text)
+    return str(address) if address is not None else None
+
+
+def client_ip(
+    remote_addr: str | None, forwarded_for: str | None, trusted_proxies: int
+) -> str | None:
+    """The client's address (IPv4-mapped IPv6 as IPv4), or None when nothing usable is known."""
+    peer = parse_forwarded_entry(remote_addr or "")
+    if trusted_proxies <= 0 or not forwarded_for:
+        return peer
+    # Keep the right end: that is what our proxies wrote; the left is the client's.
+    entries = [part for part in forwarded_for[-MAX_HEADER_CHARS:].split(",") if part.strip()]
+    if len(entries) < trusted_proxies:
+        return peer
+    return parse_forwarded_entry(entries[-trusted_proxies]) or peer

@@ -1,0 +1,362 @@
+"""Reading one page of a table: totals, the page's rows, and the search — fast on a million rows.
+
+- **Recovery, no search**: the total comes from ``DailyCount`` (kept exact by
+  triggers), the page from the primary key (or the Failed/Deleted partial
+  index) read from the nearer end: the last page of a million rows is read in
+  ascending order and reversed, never skipped to with a huge OFFSET.
+- **Recovery, search of 3+ characters**: the trigram index (SQLite FTS5,
+  PostgreSQL pg_trgm) finds the matches; the count stops at ``SEARCH_LIMIT``
+  ("10,000+ matches") and paging reaches the newest ``SEARCH_LIMIT`` matches.
+- **Recovery, shorter search**: no trigram to look up, so the newest
+  ``RECENT_SCAN`` events are scanned and the page says so.
+- **Recovery, search and a filter** on SQLite: the newest ``FILTERED_SCAN``
+  matches of the text are filtered (the page says so when there are more);
+  PostgreSQL combines both indexes and needs no bound.
+- **Security** is small by design (one row per kind of refusal) and **Jobs**
+  are counted directly (100,000 jobs count in milliseconds through the
+  ``(state, -id)`` index); both page from the nearer end too.
+
+Search is literal and case-insensitive on every path: the text reaches the
+database only as a bound parameter (a LIKE pattern with its wildcards
+escaped, or a quoted FTS5 phrase), never as SQL or a regular expression.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+from django.db.models import BooleanField, Case, IntegerField, Q, QuerySet, Sum, When
+from django.db.models.expressions import RawSQL
+
+from durable.models import Job
+from durable.states import JobState
+from recovery.models import DailyCount, RecoveryEvent, SecurityEvent
+
+from .query import (
+    Filter,
+    TableQuery,
+    Window,
+    fts5_phrase,
+    like_contains,
+    uses_index,
+    window,
+)
+
+SEARCH_LIMIT = 10_000
+RECENT_SCAN = 20_000
+FILTERED_SCAN = 20_000  # SQLite: matches of a search looked at when a filter is set too
+
+RECOVERY_STATUSES = ("all", "done", "failed", "deleted")
+RECOVERY_FILTERS = (Filter("status", RECOVERY_STATUSES, "all"),)
+SEVERITIES = ("all", "info", "warning", "error")
+SECURITY_FILTERS = (Filter("severity", SEVERITIES, "all"),)
+JOB_STATES = ("all", "active", "retrying", *JobState.values)
+JOB_FILTERS = (
+    Filter("state", JOB_STATES, "all"),
+    Filter("operation"),
+    Filter("error"),
+)
+
+
+@dataclass
+class Listing:
+    rows: list[Any]
+    window: Window
+    note: str = ""
+
+    @property
+    def total_text(self) -> str:
+        total = f"{self.window.total:,}"
+        return f"{total}+" if self.window.bounded else total
+
+
+def read_window(queryset: QuerySet, win: Window) -> list[Any]:
+    """The page's rows, newest first, reading from whichever end is nearer.
+
+    The rows skipped by the offset are read as ids only (an index-only scan
+    where the database can), then just the page's rows are fetched whole.
+    """
+    if win.limit <= 0:
+        return []
+    ids = queryset.values_list("id", flat=True)
+    if win.from_end:
+        page = list(ids.order_by("id")[win.after : win.after + win.limit])[::-1]
+    else:
+        page = list(ids.order_by("-id")[win.offset : win.offset + win.limit])
+    found = queryset.model.objects.in_bulk(page)
+    return [found[pk] for pk in page if pk in found]
+
+
+# --- Recovery -----------------------------------------------------------------------------
+
+
+def recovery_status(queryset: QuerySet, status: str) -> QuerySet:
+    if status == "done":
+        return queryset.done()
+    if status == "failed":
+        return queryset.failed()
+    if status == "deleted":
+        return queryset.deleted()
+    return queryset
+
+
+def recovery_totals() -> dict[str, int]:
+    """Events per status, from the per-day counts (a few hundred rows, not a million)."""
+    sums = DailyCount.objects.aggregate(
+        all=Sum("events"),
+        failed=Sum(Case(When(failed=True, then="events"), default=0, output_field=IntegerField())),
+        deleted=Sum(
+            Case(When(deleted=True, then="events"), default=0, output_field=IntegerField())
+        ),
+    )
+    totals = {name: int(value or 0) for name, value in sums.items()}
+    totals["done"] = totals["all"] - totals["failed"]
+    return totals
+
+
+# Row conditions per status, as SQL over the events table aliased "e".
+_SQL_STATUS = {
+    "sqlite": {
+        "all": "",
+        "done": " AND e.done IS NOT 0",
+        "failed": " AND e.done = 0",
+        "deleted": " AND e.deleted_data = 1",
+    },
+    "postgresql": {
+        "all": "",
+        "done": " AND e.done IS NOT FALSE",
+        "failed": " AND NOT e.done",
+        "deleted": " AND e.deleted_data",
+    },
+}
+_TABLE = RecoveryEvent._meta.db_table
+
+
+def _like_any(operator: str) -> str:
+    return " OR ".join(
+        f"e.{column} {operator} %s ESCAPE '\\'" for column in ("type", "detail", "db")
+    )
+
+
+def _indexed_search_sql(status: str) -> tuple[str, str, str]:
+    """(SQL of the matching ids, its ORDER BY newest first, its parameters' kind)
+    for a search of 3+ characters.
+
+    Kinds: ``phrase`` (one FTS5 phrase), ``phrase+scan`` (the phrase and
+    ``FILTERED_SCAN``), ``pattern`` (three LIKE patterns).
+    """
+    condition = _SQL_STATUS[connection.vendor][status]
+    if connection.vendor == "sqlite":
+        # The FTS5 table yields rowids in descending order by itself, so a
+        # LIMIT stops the scan early even for a word in half the rows.
+        if not condition:
+            return (
+                "SELECT rowid FROM recovery_event_fts WHERE recovery_event_fts MATCH %s",
+                "ORDER BY rowid DESC",
+                "phrase",
+            )
+        # With a filter, a common word would be checked against the filter row
+        # by row through all its matches: only its newest FILTERED_SCAN are.
+        return (
+            f"SELECT e.id FROM (SELECT rowid FROM recovery_event_fts "
+            f"WHERE recovery_event_fts MATCH %s ORDER BY rowid DESC LIMIT %s) AS m "
+            f"JOIN {_TABLE} e ON e.id = m.rowid WHERE 1 = 1{condition}",
+            "ORDER BY e.id DESC",
+            "phrase+scan",
+        )
+    # PostgreSQL combines the trigram indexes with the partial index of a
+    # filter (a BitmapAnd), or walks the primary key for a very common word.
+    return (
+        f"SELECT e.id FROM {_TABLE} e WHERE ({_like_any('ILIKE')}){condition}",
+        "ORDER BY e.id DESC",
+        "pattern",
+    )
+
+
+def _params(kind: str, text: str) -> list[Any]:
+    if kind == "phrase":
+        return [fts5_phrase(text)]
+    if kind == "phrase+scan":
+        return [fts5_phrase(text), FILTERED_SCAN]
+    return [like_contains(text)] * 3
+
+
+def _fetch(sql: str, params: Sequence[Any]) -> list[Any]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _rows_by_id(ids: list[int]) -> list[RecoveryEvent]:
+    found = RecoveryEvent.objects.in_bulk(ids)
+    return [found[i] for i in ids if i in found]
+
+
+def _indexed_search(query: TableQuery, status: str) -> Listing:
+    sql, order, kind = _indexed_search_sql(status)
+    params = _params(kind, query.q)
+    # Counting needs no order: each database finds the cheapest way to stop at the cap.
+    counted = _fetch(f"SELECT count(*) FROM ({sql} LIMIT %s) AS m", [*params, SEARCH_LIMIT + 1])[0]
+    bounded = counted > SEARCH_LIMIT
+    win = window(query.page, query.per_page, min(counted, SEARCH_LIMIT), bounded=bounded)
+    if connection.vendor == "postgresql" and not bounded:
+        # At most SEARCH_LIMIT matches, known now: collect them all through the
+        # trigram indexes and sort them. With "ORDER BY id DESC LIMIT 5" alone the
+        # planner may hope to meet the 5 early walking the primary key, and read
+        # all of a million rows to find a rare word's 5 matches.
+        page_sql = f"WITH m AS MATERIALIZED ({sql}) SELECT id FROM m ORDER BY id DESC"
+    else:
+        page_sql = f"{sql} {order}"
+    ids = _fetch(f"{page_sql} LIMIT %s OFFSET %s", [*params, win.limit, win.offset])
+    note = (
+        f"More than {SEARCH_LIMIT:,} matches: the newest {SEARCH_LIMIT:,} can be paged. "
+        "Add words to narrow the search."
+        if bounded
+        else ""
+    )
+    if kind == "phrase+scan" and _scan_was_cut(query.q):
+        note = (
+            f"The text matches more than {FILTERED_SCAN:,} events: with a filter, the newest "
+            f"{FILTERED_SCAN:,} of them are looked at. {note}"
+        ).strip()
+    return Listing(_rows_by_id(ids), win, note)
+
+
+def _scan_was_cut(text: str) -> bool:
+    counted = _fetch(
+        "SELECT count(*) FROM (SELECT rowid FROM recovery_event_fts "
+        "WHERE recovery_event_fts MATCH %s LIMIT %s) AS m",
+        [fts5_phrase(text), FILTERED_SCAN + 1],
+    )[0]
+    return counted > FILTERED_SCAN
+
+
+def _recent_search(query: TableQuery, status: str) -> Listing:
+    """Searches under three characters: the newest ``RECENT_SCAN`` events, scanned."""
+    floor = (
+        RecoveryEvent.objects.order_by("-id")
+        .values_list("id", flat=True)[RECENT_SCAN - 1 : RECENT_SCAN]
+        .first()
+    )
+    operator = "ILIKE" if connection.vendor == "postgresql" else "LIKE"
+    condition = _SQL_STATUS[connection.vendor][status]
+    sql = (
+        f"SELECT e.id FROM {_TABLE} e WHERE e.id >= %s AND ({_like_any(operator)}){condition} "
+        "ORDER BY e.id DESC"
+    )
+    params = [floor or 0, *[like_contains(query.q)] * 3]
+    counted = _fetch(f"SELECT count(*) FROM ({sql}) AS m", params)[0]
+    win = window(query.page, query.per_page, counted)
+    ids = _fetch(f"{sql} LIMIT %s OFFSET %s", [*params, win.limit, win.offset]) if win.limit else []
+    note = (
+        f"Searches shorter than 3 characters look at the latest {RECENT_SCAN:,} events only."
+        if floor is not None
+        else ""
+    )
+    return Listing(_rows_by_id(ids), win, note)
+
+
+# Exactly as the partial index ``recovery_event_severe`` states its condition:
+# SQLite uses a partial index only when the query repeats it literally
+# (``severity IN (?, ?)`` with bound parameters never matches).
+_SEVERE = RawSQL(
+    "\"recovery_recoveryevent\".\"severity\" IN ('warning', 'error')",
+    [],
+    output_field=BooleanField(),
+)
+
+
+def severe_events() -> QuerySet:
+    """Warnings and errors, servable by their partial index."""
+    return RecoveryEvent.objects.filter(_SEVERE)
+
+
+def recent_problems(limit: int) -> list[RecoveryEvent]:
+    """``RecoveryEvent.objects.problems().newest_first()[:limit]``, from two partial indexes.
+
+    "Failed or warning or error" as one condition matches no single index, so
+    on a million mostly-fine events it would scan; the newest ``limit`` of
+    each part, merged, are the same rows.
+    """
+    failed = list(RecoveryEvent.objects.failed().newest_first()[:limit])
+    severe = list(severe_events().newest_first()[:limit])
+    merged = {event.pk: event for event in (*failed, *severe)}
+    return sorted(merged.values(), key=lambda event: event.pk, reverse=True)[:limit]
+
+
+def recovery_listing(query: TableQuery) -> Listing:
+    status = query.get("status") or "all"
+    if query.q:
+        if uses_index(query.q):
+            return _indexed_search(query, status)
+        return _recent_search(query, status)
+    total = recovery_totals()[status]
+    win = window(query.page, query.per_page, total)
+    return Listing(read_window(recovery_status(RecoveryEvent.objects.all(), status), win), win)
+
+
+# --- Security -----------------------------------------------------------------------------
+
+
+def security_listing(query: TableQuery) -> Listing:
+    rows = SecurityEvent.objects.all()
+    severity = query.get("severity")
+    if severity and severity != "all":
+        rows = rows.filter(severity=severity)
+    if query.q:
+        rows = rows.filter(
+            Q(category__icontains=query.q)
+            | Q(key__icontains=query.q)
+            | Q(source__icontains=query.q)
+            | Q(cwe__icontains=query.q)
+            | Q(detail__icontains=query.q)
+        )
+    win = window(query.page, query.per_page, rows.count())
+    page = list(rows.latest_first()[win.offset : win.offset + win.limit]) if win.limit else []
+    return Listing(page, win)
+
+
+# --- Jobs ---------------------------------------------------------------------------------
+
+
+def job_filter(queryset: QuerySet, spec: dict[str, str], now: datetime) -> QuerySet:
+    """Jobs matching a Jobs-page filter: ``state``, ``operation``, ``error``, ``q``.
+
+    Shared by the list, the bulk-action confirmation and the bulk-action job,
+    so "everything matching the current filter" means the same everywhere.
+    ``q`` is a job id (``42`` or ``#42``) or a literal piece of the operation
+    name or the owner.
+    """
+    state = spec.get("state") or "all"
+    if state == "active":
+        queryset = queryset.active()
+    elif state == "retrying":
+        queryset = queryset.retrying(now)
+    elif state in JobState.values:
+        queryset = queryset.filter(state=state)
+    if spec.get("operation"):
+        queryset = queryset.filter(operation=spec["operation"])
+    if spec.get("error"):
+        queryset = queryset.filter(last_error_class=spec["error"])
+    text = (spec.get("q") or "").strip()
+    if text:
+        condition = Q(operation__icontains=text) | Q(owner__icontains=text)
+        digits = text.removeprefix("#")
+        if digits.isascii() and digits.isdigit() and len(digits) <= 18:
+            condition |= Q(pk=int(digits))
+        queryset = queryset.filter(condition)
+    return queryset
+
+
+def job_spec(query: TableQuery) -> dict[str, str]:
+    return {"q": query.q, **dict(query.filters)}
+
+
+def jobs_listing(query: TableQuery, now: datetime) -> Listing:
+    rows = job_filter(Job.objects.all(), job_spec(query), now)
+    win = window(query.page, query.per_page, rows.count())
+    return Listing(read_window(rows, win), win)

@@ -1,0 +1,228 @@
+"""Database structures Django's models cannot declare: search indexes and counting triggers.
+
+- **Search** over ``type``, ``detail`` and ``db`` of a million Recovery events:
+  SQLite gets an FTS5 table with the ``trigram`` tokenizer, kept in step with
+  ``recovery_recoveryevent`` by triggers (external content: the text is not
+  stored twice); PostgreSQL gets ``pg_trgm`` GIN indexes, which serve
+  ``ILIKE '%…%'`` directly.
+- **Counts** per day (``DailyCount``): triggers on every insert, update and
+  delete. SQLite's are per row; PostgreSQL's are per statement over the
+  transition tables, so the ingest's 10,000-row inserts cost one upsert per
+  (day, failed, deleted), taken in a fixed order so two writers cannot deadlock.
+
+``install(connection)`` is idempotent (``IF NOT EXISTS`` / ``OR REPLACE``) and
+rebuilds the FTS index and the counts from the table, so running it again is
+always safe. **A later migration that rebuilds ``recovery_recoveryevent`` on
+SQLite** (Django copies the table on most ``AlterField``s) drops its triggers:
+call ``install`` again at its end. ``tests/integration/dashboard/test_search.py``
+fails if the triggers are missing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+log = logging.getLogger("recovery.dashboard")
+
+EVENTS = "recovery_recoveryevent"
+COUNTS = "recovery_dailycount"
+FTS = "recovery_event_fts"
+SQLITE_TRIGGERS = (
+    "recovery_event_fts_ai",
+    "recovery_event_fts_ad",
+    "recovery_event_fts_au",
+    "recovery_dailycount_ai",
+    "recovery_dailycount_ad",
+    "recovery_dailycount_au",
+)
+PG_TRIGGERS = ("recovery_dailycount_ins", "recovery_dailycount_del", "recovery_dailycount_upd")
+PG_TRGM_INDEXES = {
+    "recovery_event_type_trgm": "type",
+    "recovery_event_detail_trgm": "detail",
+    "recovery_event_db_trgm": "db",
+}
+
+# --- SQLite -------------------------------------------------------------------------------
+
+_SQLITE_DAY = "substr(COALESCE({row}.ts, {row}.recorded_at), 1, 10)"
+
+
+def _sqlite_count(row: str, delta: str) -> str:
+    day = _SQLITE_DAY.format(row=row)
+    return (
+        f"INSERT INTO {COUNTS} (day, failed, deleted, events) "
+        f"VALUES ({day}, {row}.done IS 0, {row}.deleted_data = 1, {delta}) "
+        f"ON CONFLICT (day, failed, deleted) DO UPDATE SET events = events + ({delta});"
+    )
+
+
+def _sqlite_uncount(row: str) -> str:
+    """Only ever decrements an existing row: if the counts were emptied first (a
+    flush that deletes both tables), a delete must not leave a -1 behind."""
+    day = _SQLITE_DAY.format(row=row)
+    return (
+        f"UPDATE {COUNTS} SET events = events - 1 WHERE day = {day} "
+        f"AND failed = ({row}.done IS 0) AND deleted = ({row}.deleted_data = 1);"
+    )
+
+
+SQLITE_INSTALL = [
+    f"CREATE VIRTUAL TABLE IF NOT EXISTS {FTS} USING fts5("
+    f"type, detail, db, content='{EVENTS}', content_rowid='id', tokenize='trigram')",
+    f"""CREATE TRIGGER IF NOT EXISTS recovery_event_fts_ai AFTER INSERT ON {EVENTS} BEGIN
+        INSERT INTO {FTS} (rowid, type, detail, db) VALUES (new.id, new.type, new.detail, new.db);
+    END""",
+    f"""CREATE TRIGGER IF NOT EXISTS recovery_event_fts_ad AFTER DELETE ON {EVENTS} BEGIN
+        INSERT INTO {FTS} ({FTS}, rowid, type, detail, db)
+            VALUES ('delete', old.id, old.type, old.detail, old.db);
+    END""",
+    f"""CREATE TRIGGER IF NOT EXISTS recovery_event_fts_au
+        AFTER UPDATE OF type, detail, db ON {EVENTS} BEGIN
+        INSERT INTO {FTS} ({FTS}, rowid, type, detail, db)
+            VALUES ('delete', old.id, old.type, old.detail, old.db);
+        INSERT INTO {FTS} (rowid, type, detail, db) VALUES (new.id, new.type, new.detail, new.db);
+    END""",
+    f"""CREATE TRIGGER IF NOT EXISTS recovery_dailycount_ai AFTER INSERT ON {EVENTS} BEGIN
+        {_sqlite_count("new", "1")}
+    END""",
+    f"""CREATE TRIGGER IF NOT EXISTS recovery_dailycount_ad AFTER DELETE ON {EVENTS} BEGIN
+        {_sqlite_uncount("old")}
+    END""",
+    f"""CREATE TRIGGER IF NOT EXISTS recovery_dailycount_au
+        AFTER UPDATE OF ts, recorded_at, done, deleted_data ON {EVENTS} BEGIN
+        {_sqlite_uncount("old")}
+        {_sqlite_count("new", "1")}
+    END""",
+    # Rebuild from the table: right after creation and after any gap in the triggers.
+    f"INSERT INTO {FTS} ({FTS}) VALUES ('rebuild')",
+    f"DELETE FROM {COUNTS}",
+    f"""INSERT INTO {COUNTS} (day, failed, deleted, events)
+        SELECT {_SQLITE_DAY.format(row=EVENTS)}, done IS 0, deleted_data = 1, count(*)
+        FROM {EVENTS} GROUP BY 1, 2, 3""",
+]
+
+SQLITE_UNINSTALL = [
+    *(f"DROP TRIGGER IF EXISTS {name}" for name in SQLITE_TRIGGERS),
+    f"DROP TABLE IF EXISTS {FTS}",
+]
+
+# --- PostgreSQL ---------------------------------------------------------------------------
+
+_PG_DAY = "(COALESCE(ts, recorded_at) AT TIME ZONE 'UTC')::date"
+
+
+def _pg_upsert(rows: str) -> str:
+    return (
+        f"INSERT INTO {COUNTS} AS c (day, failed, deleted, events) "
+        f"SELECT {_PG_DAY}, done IS FALSE, deleted_data, count(*) FROM {rows} "
+        f"GROUP BY 1, 2, 3 ORDER BY 1, 2, 3 "
+        f"ON CONFLICT (day, failed, deleted) DO UPDATE SET events = c.events + EXCLUDED.events;"
+    )
+
+
+def _pg_subtract(rows: str) -> str:
+    """Decrements existing rows only (see ``_sqlite_uncount``)."""
+    return (
+        f"UPDATE {COUNTS} AS c SET events = c.events - gone.n FROM ("
+        f"SELECT {_PG_DAY} AS day, done IS FALSE AS failed, deleted_data AS deleted, "
+        f"count(*) AS n FROM {rows} GROUP BY 1, 2, 3) AS gone "
+        f"WHERE c.day = gone.day AND c.failed = gone.failed AND c.deleted = gone.deleted;"
+    )
+
+
+PG_INSTALL = [
+    f"""CREATE OR REPLACE FUNCTION recovery_dailycount_ins() RETURNS trigger
+        LANGUAGE plpgsql AS $$ BEGIN {_pg_upsert("new_rows")} RETURN NULL; END $$""",
+    f"""CREATE OR REPLACE FUNCTION recovery_dailycount_del() RETURNS trigger
+        LANGUAGE plpgsql AS $$ BEGIN {_pg_subtract("old_rows")} RETURN NULL; END $$""",
+    f"""CREATE OR REPLACE FUNCTION recovery_dailycount_upd() RETURNS trigger
+        LANGUAGE plpgsql AS $$ BEGIN
+            {_pg_subtract("old_rows")}
+            {_pg_upsert("new_rows")}
+            RETURN NULL;
+        END $$""",
+    f"DROP TRIGGER IF EXISTS recovery_dailycount_ins ON {EVENTS}",
+    f"""CREATE TRIGGER recovery_dailycount_ins AFTER INSERT ON {EVENTS}
+        REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT
+        EXECUTE FUNCTION recovery_dailycount_ins()""",
+    f"DROP TRIGGER IF EXISTS recovery_dailycount_del ON {EVENTS}",
+    f"""CREATE TRIGGER recovery_dailycount_del AFTER DELETE ON {EVENTS}
+        REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT
+        EXECUTE FUNCTION recovery_dailycount_del()""",
+    f"DROP TRIGGER IF EXISTS recovery_dailycount_upd ON {EVENTS}",
+    f"""CREATE TRIGGER recovery_dailycount_upd AFTER UPDATE ON {EVENTS}
+        REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT
+        EXECUTE FUNCTION recovery_dailycount_upd()""",
+    f"DELETE FROM {COUNTS}",
+    f"""INSERT INTO {COUNTS} (day, failed, deleted, events)
+        SELECT {_PG_DAY}, done IS FALSE, deleted_data, count(*) FROM {EVENTS} GROUP BY 1, 2, 3""",
+]
+
+PG_TRGM = [
+    "CREATE EXTENSION IF NOT EXISTS pg_trgm",
+    *(
+        f"CREATE INDEX IF NOT EXISTS {name} ON {EVENTS} USING gin ({column} gin_trgm_ops)"
+        for name, column in PG_TRGM_INDEXES.items()
+    ),
+]
+
+PG_UNINSTALL = [
+    *(f"DROP TRIGGER IF EXISTS {name} ON {EVENTS}" for name in PG_TRIGGERS),
+    *(f"DROP FUNCTION IF EXISTS {name}()" for name in PG_TRIGGERS),
+    *(f"DROP INDEX IF EXISTS {name}" for name in PG_TRGM_INDEXES),
+]
+
+
+# --- applying them ------------------------------------------------------------------------
+
+
+def install(connection: BaseDatabaseWrapper) -> None:
+    """Create (or re-create) the search index and counting triggers, then fill them."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            for statement in SQLITE_INSTALL:
+                cursor.execute(statement)
+        elif connection.vendor == "postgresql":
+            for statement in PG_INSTALL:
+                cursor.execute(statement)
+            try:
+                # A savepoint: without the extension (not installed on the
+                # server, or no right to create it) search still works, by
+                # scanning, and the migration does not fail.
+                with transaction.atomic(using=connection.alias):
+                    for statement in PG_TRGM:
+                        cursor.execute(statement)
+            except Exception:
+                log.exception("pg_trgm is unavailable: Recovery search will scan the table")
+        else:  # pragma: no cover - the project supports SQLite and PostgreSQL
+            log.warning("no search index or counting triggers for %s", connection.vendor)
+
+
+def uninstall(connection: BaseDatabaseWrapper) -> None:
+    statements = {"sqlite": SQLITE_UNINSTALL, "postgresql": PG_UNINSTALL}.get(connection.vendor, [])
+    with connection.cursor() as cursor:
+        for statement in statements:
+            cursor.execute(statement)
+
+
+def missing(connection: BaseDatabaseWrapper) -> list[str]:
+    """Names of triggers/indexes that should exist and do not (for checks and tests)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            cursor.execute("SELECT name FROM sqlite_master WHERE type IN ('trigger', 'table')")
+            present = {row[0] for row in cursor.fetchall()}
+            wanted = [*SQLITE_TRIGGERS, FTS]
+        elif connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass "
+                "UNION SELECT indexname FROM pg_indexes WHERE tablename = %s",
+                [EVENTS, EVENTS],
+            )
+            present = {row[0] for row in cursor.fetchall()}
+            wanted = [*PG_TRIGGERS, *PG_TRGM_INDEXES]
+        else:  # pragma: no cover
+            return []
+    return [name for name in wanted if name not in present]

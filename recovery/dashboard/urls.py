@@ -1,0 +1,35 @@
+"""``/problems/…``: mounted by the site's ``recovery/urls.py``."""
+
+from django.urls import path, register_converter
+
+from . import jobs, views
+
+
+class JobId:
+    """1 to 18 digits: a larger number cannot be a job id (and would overflow a BIGINT)."""
+
+    regex = "[0-9]{1,18}"
+
+    def to_python(self, value: str) -> int:
+        return int(value)
+
+    def to_url(self, value: int) -> str:
+        return str(value)
+
+
+register_converter(JobId, "job")
+
+app_name = "problems"
+
+urlpatterns = [
+    path("", views.summary, name="summary"),
+    path("recovery/", views.recovery, name="recovery"),
+    path("security/", views.security, name="security"),
+    path("jobs/", jobs.job_list, name="jobs"),
+    path("jobs/new/", jobs.new_job, name="new-job"),
+    path("jobs/bulk/", jobs.bulk, name="bulk"),
+    path("jobs/<job:job_id>/", jobs.job_detail, name="job"),
+    path("jobs/<job:job_id>/<slug:action>/", jobs.job_action, name="job-action"),
+    path("login/", views.LoginView.as_view(), name="login"),
+    path("logout/", views.LogoutView.as_view(), name="logout"),
+]

@@ -1,0 +1,168 @@
+"""Summary, Recovery and Security pages: one view per page, two renderings.
+
+A normal request gets the whole page; an htmx request (search typed, filter
+or page changed, a poll) gets only the part it swaps — from the same view
+and the same templates, so both always agree. Every response varies on
+``HX-Request`` (see ``access.dashboard_headers``). htmx's history-restore
+request (back/forward with nothing cached) gets the whole page.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.contrib.auth import views as auth_views
+from django.db.models import Count, Sum
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils import timezone
+
+from durable.models import Job
+from durable.states import JobState
+from recovery.models import DailyCount, SecurityEvent
+
+from . import chart as charts
+from .access import allowed_actions, can_add, staff_required
+from .listing import (
+    RECOVERY_FILTERS,
+    RECOVERY_STATUSES,
+    SECURITY_FILTERS,
+    SEVERITIES,
+    recent_problems,
+    recovery_listing,
+    recovery_totals,
+    security_listing,
+)
+from .query import PER_PAGE_MAX, parse_table_query
+
+PER_PAGE_CHOICES = (10, 25, 50, PER_PAGE_MAX)
+SUMMARY_ROWS = 10
+
+
+def wants_fragment(request: HttpRequest) -> bool:
+    """True for htmx requests that swap a part of the page (not a history restore)."""
+    return bool(request.htmx) and not request.htmx.history_restore_request
+
+
+def page_context(request: HttpRequest, section: str, **extra: Any) -> dict[str, Any]:
+    user = request.user
+    return {
+        "section": section,
+        "now": timezone.now(),
+        "may_add": can_add(user),
+        "allowed": allowed_actions(user),
+        "per_page_choices": PER_PAGE_CHOICES,
+        **extra,
+    }
+
+
+def job_counts() -> dict[str, int]:
+    counts = dict(Job.objects.values_list("state").annotate(n=Count("id")).order_by())
+    return {state: counts.get(state, 0) for state in JobState.values}
+
+
+# --- Summary ------------------------------------------------------------------------------
+
+
+def events_per_day(today: Any, days: int = charts.DAYS) -> charts.Chart:
+    first = today - timedelta(days=days - 1)
+    counts: dict[Any, tuple[int, int]] = {}
+    rows = (
+        DailyCount.objects.filter(day__gte=first, day__lte=today)
+        .values("day", "failed")
+        .annotate(n=Sum("events"))
+        .order_by()
+    )
+    for row in rows:
+        total, failed = counts.get(row["day"], (0, 0))
+        total += row["n"]
+        if row["failed"]:
+            failed += row["n"]
+        counts[row["day"]] = (total, failed)
+    return charts.chart(charts.last_days(counts, today, days))
+
+
+def in_progress() -> list[Job]:
+    return list(
+        Job.objects.filter(state__in=[JobState.RUNNING, JobState.CANCELLING]).order_by("-id")[
+            :SUMMARY_ROWS
+        ]
+    )
+
+
+@staff_required
+def summary(request: HttpRequest) -> HttpResponse:
+    now = timezone.now()
+    running = in_progress()
+    if wants_fragment(request):
+        context = page_context(request, "summary", running=running)
+        return render(request, "problems/_in_progress.html", context)
+    counts = job_counts()
+    context = page_context(
+        request,
+        "summary",
+        running=running,
+        counts=counts,
+        in_progress_total=counts[JobState.RUNNING] + counts[JobState.CANCELLING],
+        retrying=Job.objects.retrying(now).count(),
+        problems=recent_problems(SUMMARY_ROWS),
+        security=list(SecurityEvent.objects.top()[:5]),
+        chart=events_per_day(now.date()),
+        totals=recovery_totals(),
+    )
+    return render(request, "problems/summary.html", context)
+
+
+# --- Recovery and Security ----------------------------------------------------------------
+
+STATUS_LABELS = {"all": "All", "done": "Done", "failed": "Failed", "deleted": "Deleted"}
+SEVERITY_LABELS = {"all": "All", "info": "Info", "warning": "Warning", "error": "Error"}
+
+
+@staff_required
+def recovery(request: HttpRequest) -> HttpResponse:
+    query = parse_table_query(request.GET, RECOVERY_FILTERS)
+    listing = recovery_listing(query)
+    totals = recovery_totals()
+    context = page_context(
+        request,
+        "recovery",
+        query=query,
+        listing=listing,
+        statuses=[(s, STATUS_LABELS[s], totals[s]) for s in RECOVERY_STATUSES],
+        noun=("event", "events"),
+    )
+    if wants_fragment(request):
+        return render(request, "problems/_recovery_results.html", context)
+    return render(request, "problems/recovery.html", context)
+
+
+@staff_required
+def security(request: HttpRequest) -> HttpResponse:
+    query = parse_table_query(request.GET, SECURITY_FILTERS)
+    listing = security_listing(query)
+    context = page_context(
+        request,
+        "security",
+        query=query,
+        listing=listing,
+        severities=[(s, SEVERITY_LABELS[s]) for s in SEVERITIES],
+        noun=("kind of refusal", "kinds of refusal"),
+    )
+    if wants_fragment(request):
+        return render(request, "problems/_security_results.html", context)
+    return render(request, "problems/security.html", context)
+
+
+# --- login --------------------------------------------------------------------------------
+
+
+class LoginView(auth_views.LoginView):
+    template_name = "problems/login.html"
+    next_page = "problems:summary"
+    redirect_authenticated_user = False  # a non-staff user may log in as someone else
+
+
+class LogoutView(auth_views.LogoutView):
+    next_page = "problems:login"

@@ -1,0 +1,69 @@
+"""Template helpers of the Problems dashboard; the decisions behind them: recovery.dashboard."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from django import template
+
+from recovery.dashboard import formatting
+from recovery.dashboard.query import TableQuery
+
+register = template.Library()
+
+
+@register.simple_tag(takes_context=True)
+def query_url(context: template.Context, query: TableQuery, **changes: Any) -> str:
+    """This page's path with ``query`` changed (``page=2``, ``status="failed"``…)."""
+    params = query.params(**changes)
+    path = context["request"].path
+    return f"{path}?{params}" if params else path
+
+
+@register.filter
+def relative(moment: datetime | None, now: datetime) -> str:
+    return formatting.relative_time(moment, now)
+
+
+@register.filter
+def excerpt(text: str | None, limit: int = 120) -> str:
+    return formatting.excerpt(text, int(limit))
+
+
+@register.filter
+def number(value: int | None) -> str:
+    return formatting.number(value)
+
+
+@register.filter
+def pretty_json(value: Any) -> str:
+    """Indented JSON for ``<pre>``; escaped by the template like any other text."""
+    if value is None:
+        return "—"
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+
+
+@register.simple_tag
+def tally(row: Any) -> str:
+    return formatting.actor_tally(
+        row.users, row.users_overflow, row.addresses, row.addresses_overflow
+    )
+
+
+@register.inclusion_tag("problems/_progress.html")
+def progress(job: Any) -> dict[str, Any]:
+    return {
+        "done": job.units_done,
+        "total": job.units_total,
+        "percent": formatting.percent(job.units_done, job.units_total),
+    }
+
+
+@register.inclusion_tag("problems/_page_link.html", takes_context=True)
+def page_link(
+    context: template.Context, query: TableQuery, page: int, text: str, rel: str, title: str
+) -> dict[str, Any]:
+    """A pager link that works as a plain link and, with htmx, swaps only the results."""
+    return {"url": query_url(context, query, page=page), "text": text, "rel": rel, "title": title}
