@@ -261,5 +261,5 @@ class IngestCursor(models.Model):
         return f"{self.path} @ {self.offset}"
 
 
-from .dashboard.models import DailyCount  # noqa: E402,F401 - registers the model
+from .dashboard.models import DailyCount, SearchCursor  # noqa: E402,F401 - registers the models
 from .imports.models import ImportRecord  # noqa: E402,F401 - registers the model

@@ -312,4 +312,5 @@ class IngestRecoveryEvents(Operation):
 
 
 from .dashboard.bulk import BulkAction  # noqa: E402,F401 - registers recovery.bulk_action
+from .dashboard.indexing import SearchIndex  # noqa: E402,F401 - registers recovery.search_index
 from .imports import operations as _imports  # noqa: E402,F401 - registers import.jsonl, import.csv

@@ -37,6 +37,7 @@ from .access import allowed_actions, can_act, can_add, refuse, request_ip, staff
 from .actions import LABELS, PAST, describe, row_actions, summarize
 from .bulk import BATCH_SIZE
 from .bulk import OPERATION as BULK_OPERATION
+from .indexing import OPERATION as SEARCH_INDEX_OPERATION
 from .listing import JOB_FILTERS, JOB_STATES, job_filter, job_spec, jobs_listing
 from .query import PER_PAGE_MAX, parse_choice, parse_int, parse_table_query
 from .views import page_context, wants_fragment
@@ -52,7 +53,7 @@ EVENTS_SHOWN = 200
 ERROR_MENU_SECONDS = 30
 WORKERS_SHOWN = 50
 # Started from the Jobs page's bulk form, never from "New job" (it acts as its owner).
-NOT_NEW = frozenset({BULK_OPERATION})
+NOT_NEW = frozenset({BULK_OPERATION, SEARCH_INDEX_OPERATION})
 
 
 def decorate(job: Job, allowed: frozenset[str], now: Any) -> Job:

@@ -1,12 +1,15 @@
 """Reading one page of a table: totals, the page's rows, and the search — fast on a million rows.
 
-- **Recovery, no search**: the total comes from ``DailyCount`` (kept exact by
-  triggers), the page from the primary key (or the Failed/Deleted partial
+- **Recovery, no search**: the total comes from ``DailyCount`` (plus, on
+  SQLite, the tail of events the deferred counts have not reached yet, counted
+  directly), the page from the primary key (or the Failed/Deleted partial
   index) read from the nearer end: the last page of a million rows is read in
   ascending order and reversed, never skipped to with a huge OFFSET.
 - **Recovery, search of 3+ characters**: the trigram index (SQLite FTS5,
-  PostgreSQL pg_trgm) finds the matches; the count stops at ``SEARCH_LIMIT``
-  ("10,000+ matches") and paging reaches the newest ``SEARCH_LIMIT`` matches.
+  PostgreSQL pg_trgm) finds the matches — on SQLite the tail beyond the index
+  cursor is scanned and its matches come first (they are the newest); the
+  count stops at ``SEARCH_LIMIT`` ("10,000+ matches") and paging reaches the
+  newest ``SEARCH_LIMIT`` matches.
 - **Recovery, shorter search**: no trigram to look up, so the newest
   ``RECENT_SCAN`` events are scanned and the page says so.
 - **Recovery, search and a filter** on SQLite: the newest ``FILTERED_SCAN``
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
 from django.db import connection
@@ -36,6 +39,7 @@ from durable.models import Job
 from durable.states import JobState
 from recovery.models import DailyCount, RecoveryEvent, SecurityEvent
 
+from . import sql
 from .query import (
     Filter,
     TableQuery,
@@ -104,6 +108,10 @@ def recovery_status(queryset: QuerySet, status: str) -> QuerySet:
     return queryset
 
 
+def _tail_sql(upto: int, columns: str, group: str = "") -> tuple[str, list[Any]]:
+    return f"SELECT {columns} FROM {_TABLE} WHERE id > %s{group}", [upto]
+
+
 def recovery_totals() -> dict[str, int]:
     """Events per status, from the per-day counts (a few hundred rows, not a million)."""
     sums = DailyCount.objects.aggregate(
@@ -114,8 +122,44 @@ def recovery_totals() -> dict[str, int]:
         ),
     )
     totals = {name: int(value or 0) for name, value in sums.items()}
+    upto = sql.indexed_upto(connection)
+    if upto is not None:  # SQLite: add the events the deferred counts have not reached
+        query, params = _tail_sql(upto, "count(*), sum(done IS 0), sum(deleted_data = 1)")
+        tail = _fetch_row(query, params)
+        for name, value in zip(("all", "failed", "deleted"), tail, strict=True):
+            totals[name] += int(value or 0)
     totals["done"] = totals["all"] - totals["failed"]
     return totals
+
+
+def daily_counts(first: date, last: date) -> dict[date, tuple[int, int]]:
+    """(events, failed events) per day in [first, last], tail included on SQLite."""
+    counts: dict[date, tuple[int, int]] = {}
+
+    def add(day: date, failed: bool, events: int) -> None:
+        total, failing = counts.get(day, (0, 0))
+        counts[day] = (total + events, failing + (events if failed else 0))
+
+    rows = (
+        DailyCount.objects.filter(day__gte=first, day__lte=last)
+        .values("day", "failed")
+        .annotate(n=Sum("events"))
+        .order_by()
+    )
+    for row in rows:
+        add(row["day"], row["failed"], row["n"])
+    upto = sql.indexed_upto(connection)
+    if upto is not None:
+        query, params = _tail_sql(
+            upto, f"{sql.SQLITE_DAY_OF_ROW}, done IS 0, count(*)", " GROUP BY 1, 2"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(query, params)
+            for day_text, failed, events in cursor.fetchall():
+                day = date.fromisoformat(day_text)
+                if first <= day <= last:
+                    add(day, bool(failed), events)
+    return counts
 
 
 # Row conditions per status, as SQL over the events table aliased "e".
@@ -185,10 +229,16 @@ def _params(kind: str, text: str) -> list[Any]:
     return [like_contains(text)] * 3
 
 
-def _fetch(sql: str, params: Sequence[Any]) -> list[Any]:
+def _fetch(query: str, params: Sequence[Any]) -> list[Any]:
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(query, params)
         return [row[0] for row in cursor.fetchall()]
+
+
+def _fetch_row(query: str, params: Sequence[Any]) -> tuple[Any, ...]:
+    with connection.cursor() as cursor:
+        cursor.execute(query, params)
+        return cursor.fetchone()
 
 
 def _rows_by_id(ids: list[int]) -> list[RecoveryEvent]:
@@ -196,22 +246,45 @@ def _rows_by_id(ids: list[int]) -> list[RecoveryEvent]:
     return [found[i] for i in ids if i in found]
 
 
+def _tail_matches(query: TableQuery, status: str, upto: int) -> list[int]:
+    """SQLite: matches among the events the index has not reached, newest first (all of them,
+    up to the search cap: the tail is a few batches at most when the indexer keeps up)."""
+    condition = _SQL_STATUS["sqlite"][status]
+    return _fetch(
+        f"SELECT e.id FROM {_TABLE} e WHERE e.id > %s AND ({_like_any('LIKE')}){condition} "
+        "ORDER BY e.id DESC LIMIT %s",
+        [upto, *[like_contains(query.q)] * 3, SEARCH_LIMIT + 1],
+    )
+
+
 def _indexed_search(query: TableQuery, status: str) -> Listing:
-    sql, order, kind = _indexed_search_sql(status)
+    sql_text, order, kind = _indexed_search_sql(status)
     params = _params(kind, query.q)
+    upto = sql.indexed_upto(connection)
+    tail = _tail_matches(query, status, upto) if upto is not None else []
     # Counting needs no order: each database finds the cheapest way to stop at the cap.
-    counted = _fetch(f"SELECT count(*) FROM ({sql} LIMIT %s) AS m", [*params, SEARCH_LIMIT + 1])[0]
+    room = max(SEARCH_LIMIT + 1 - len(tail), 0)
+    indexed = (
+        _fetch(f"SELECT count(*) FROM ({sql_text} LIMIT %s) AS m", [*params, room])[0]
+        if room
+        else 0
+    )
+    counted = len(tail) + indexed
     bounded = counted > SEARCH_LIMIT
     win = window(query.page, query.per_page, min(counted, SEARCH_LIMIT), bounded=bounded)
+    # The tail's matches are newer than every indexed one: they come first.
+    ids = tail[win.offset : win.offset + win.limit]
+    limit, offset = win.limit - len(ids), max(win.offset - len(tail), 0)
     if connection.vendor == "postgresql" and not bounded:
         # At most SEARCH_LIMIT matches, known now: collect them all through the
         # trigram indexes and sort them. With "ORDER BY id DESC LIMIT 5" alone the
         # planner may hope to meet the 5 early walking the primary key, and read
         # all of a million rows to find a rare word's 5 matches.
-        page_sql = f"WITH m AS MATERIALIZED ({sql}) SELECT id FROM m ORDER BY id DESC"
+        page_sql = f"WITH m AS MATERIALIZED ({sql_text}) SELECT id FROM m ORDER BY id DESC"
     else:
-        page_sql = f"{sql} {order}"
-    ids = _fetch(f"{page_sql} LIMIT %s OFFSET %s", [*params, win.limit, win.offset])
+        page_sql = f"{sql_text} {order}"
+    if limit > 0:
+        ids += _fetch(f"{page_sql} LIMIT %s OFFSET %s", [*params, limit, offset])
     note = (
         f"More than {SEARCH_LIMIT:,} matches: the newest {SEARCH_LIMIT:,} can be paged. "
         "Add words to narrow the search."
@@ -244,14 +317,16 @@ def _recent_search(query: TableQuery, status: str) -> Listing:
     )
     operator = "ILIKE" if connection.vendor == "postgresql" else "LIKE"
     condition = _SQL_STATUS[connection.vendor][status]
-    sql = (
+    scan = (
         f"SELECT e.id FROM {_TABLE} e WHERE e.id >= %s AND ({_like_any(operator)}){condition} "
         "ORDER BY e.id DESC"
     )
     params = [floor or 0, *[like_contains(query.q)] * 3]
-    counted = _fetch(f"SELECT count(*) FROM ({sql}) AS m", params)[0]
+    counted = _fetch(f"SELECT count(*) FROM ({scan}) AS m", params)[0]
     win = window(query.page, query.per_page, counted)
-    ids = _fetch(f"{sql} LIMIT %s OFFSET %s", [*params, win.limit, win.offset]) if win.limit else []
+    ids = (
+        _fetch(f"{scan} LIMIT %s OFFSET %s", [*params, win.limit, win.offset]) if win.limit else []
+    )
     note = (
         f"Searches shorter than 3 characters look at the latest {RECENT_SCAN:,} events only."
         if floor is not None

@@ -1,11 +1,16 @@
-"""Per-day counts of Recovery events, kept by database triggers (see ``recovery.dashboard.sql``).
+"""Per-day counts of Recovery events, and how far SQLite's search index has caught up.
 
 The Summary chart needs events per day and the Recovery page needs its totals
 (All / Done / Failed / Deleted). Counting a million rows on every page view is
-too slow, so every insert, update or delete of a ``RecoveryEvent`` adjusts one
-row here in the same transaction — by trigger, so the ingest's raw bulk
-inserts are counted as well as the ORM's. The day is the event's own time
-(``ts``, else ``recorded_at``) in UTC.
+too slow, so the counts are kept here (see ``recovery.dashboard.sql``). The
+day is the event's own time (``ts``, else ``recorded_at``) in UTC.
+
+On PostgreSQL triggers keep them in the inserting statement itself. On SQLite
+the search index and these counts are *deferred*: events up to
+``SearchCursor.indexed_upto`` are indexed and counted, newer ones (the tail)
+are scanned and counted directly by every reader, and the indexer
+(``recovery.search_index``) moves the cursor on in bulk. The ingest then
+writes each line once, instead of also updating a trigram index row by row.
 """
 
 from __future__ import annotations
@@ -29,3 +34,20 @@ class DailyCount(models.Model):
 
     def __str__(self) -> str:
         return f"{self.day} failed={self.failed} deleted={self.deleted}: {self.events}"
+
+
+class SearchCursor(models.Model):
+    """SQLite only: events with ``id <= indexed_upto`` are in the FTS index and in DailyCount.
+
+    SQLite writes one transaction at a time and ids come from AUTOINCREMENT,
+    so an id is never committed below the cursor after it moved: "everything
+    up to N" is exact.
+    """
+
+    indexed_upto = models.BigIntegerField(default=0)
+
+    class Meta:
+        db_table = "recovery_searchcursor"
+
+    def __str__(self) -> str:
+        return f"indexed up to {self.indexed_upto}"

@@ -1,17 +1,27 @@
-"""Database structures Django's models cannot declare: search indexes and counting triggers.
+"""Database structures Django's models cannot declare: search indexes and day counts.
 
 - **Search** over ``type``, ``detail`` and ``db`` of a million Recovery events:
-  SQLite gets an FTS5 table with the ``trigram`` tokenizer, kept in step with
-  ``recovery_recoveryevent`` by triggers (external content: the text is not
-  stored twice); PostgreSQL gets ``pg_trgm`` GIN indexes, which serve
-  ``ILIKE '%…%'`` directly.
-- **Counts** per day (``DailyCount``): triggers on every insert, update and
-  delete. SQLite's are per row; PostgreSQL's are per statement over the
-  transition tables, so the ingest's 10,000-row inserts cost one upsert per
-  (day, failed, deleted), taken in a fixed order so two writers cannot deadlock.
+  SQLite gets an FTS5 table with the ``trigram`` tokenizer (external content:
+  the text is not stored twice); PostgreSQL gets ``pg_trgm`` GIN indexes,
+  which serve ``ILIKE '%…%'`` directly.
+- **Counts** per day (``DailyCount``).
+
+PostgreSQL maintains both in the inserting statement: the GIN indexes are
+indexes, and per-statement triggers over the transition tables turn the
+ingest's 10,000-row inserts into one upsert per (day, failed, deleted), taken
+in a fixed order so two writers cannot deadlock.
+
+SQLite **defers** both: a trigram index updated row by row inside the ingest
+costs about three times the ingest itself. Events up to
+``recovery_searchcursor.indexed_upto`` are indexed and counted; ``catch_up``
+indexes and counts the next batch in bulk and moves the cursor in the same
+transaction; readers scan and count the (normally small) tail beyond the
+cursor directly, so search results and totals are exact at every moment.
+Deleting or editing an event already indexed adjusts the index and the counts
+by trigger (rare: events are append-only history).
 
 ``install(connection)`` is idempotent (``IF NOT EXISTS`` / ``OR REPLACE``) and
-rebuilds the FTS index and the counts from the table, so running it again is
+rebuilds the index and the counts from the table, so running it again is
 always safe. **A later migration that rebuilds ``recovery_recoveryevent`` on
 SQLite** (Django copies the table on most ``AlterField``s) drops its triggers:
 call ``install`` again at its end. ``tests/integration/dashboard/test_search.py``
@@ -30,14 +40,16 @@ log = logging.getLogger("recovery.dashboard")
 EVENTS = "recovery_recoveryevent"
 COUNTS = "recovery_dailycount"
 FTS = "recovery_event_fts"
+CURSOR = "recovery_searchcursor"
 SQLITE_TRIGGERS = (
-    "recovery_event_fts_ai",
     "recovery_event_fts_ad",
     "recovery_event_fts_au",
-    "recovery_dailycount_ai",
     "recovery_dailycount_ad",
     "recovery_dailycount_au",
 )
+# Earlier versions indexed and counted every insert by trigger.
+SQLITE_RETIRED_TRIGGERS = ("recovery_event_fts_ai", "recovery_dailycount_ai")
+CATCH_UP_BATCH = 20_000
 PG_TRIGGERS = ("recovery_dailycount_ins", "recovery_dailycount_del", "recovery_dailycount_upd")
 PG_TRGM_INDEXES = {
     "recovery_event_type_trgm": "type",
@@ -48,6 +60,8 @@ PG_TRGM_INDEXES = {
 # --- SQLite -------------------------------------------------------------------------------
 
 _SQLITE_DAY = "substr(COALESCE({row}.ts, {row}.recorded_at), 1, 10)"
+# The day of an event row, for queries over the events table itself.
+SQLITE_DAY_OF_ROW = "substr(COALESCE(ts, recorded_at), 1, 10)"
 
 
 def _sqlite_count(row: str, delta: str) -> str:
@@ -69,30 +83,30 @@ def _sqlite_uncount(row: str) -> str:
     )
 
 
+# Only rows the index and the counts already hold are adjusted on delete/update.
+_INDEXED = f"old.id <= (SELECT indexed_upto FROM {CURSOR} WHERE id = 1)"
+
 SQLITE_INSTALL = [
     f"CREATE VIRTUAL TABLE IF NOT EXISTS {FTS} USING fts5("
     f"type, detail, db, content='{EVENTS}', content_rowid='id', tokenize='trigram')",
-    f"""CREATE TRIGGER IF NOT EXISTS recovery_event_fts_ai AFTER INSERT ON {EVENTS} BEGIN
-        INSERT INTO {FTS} (rowid, type, detail, db) VALUES (new.id, new.type, new.detail, new.db);
-    END""",
-    f"""CREATE TRIGGER IF NOT EXISTS recovery_event_fts_ad AFTER DELETE ON {EVENTS} BEGIN
+    *(f"DROP TRIGGER IF EXISTS {name}" for name in SQLITE_RETIRED_TRIGGERS),
+    f"""CREATE TRIGGER IF NOT EXISTS recovery_event_fts_ad AFTER DELETE ON {EVENTS}
+        WHEN {_INDEXED} BEGIN
         INSERT INTO {FTS} ({FTS}, rowid, type, detail, db)
             VALUES ('delete', old.id, old.type, old.detail, old.db);
     END""",
     f"""CREATE TRIGGER IF NOT EXISTS recovery_event_fts_au
-        AFTER UPDATE OF type, detail, db ON {EVENTS} BEGIN
+        AFTER UPDATE OF type, detail, db ON {EVENTS} WHEN {_INDEXED} BEGIN
         INSERT INTO {FTS} ({FTS}, rowid, type, detail, db)
             VALUES ('delete', old.id, old.type, old.detail, old.db);
         INSERT INTO {FTS} (rowid, type, detail, db) VALUES (new.id, new.type, new.detail, new.db);
     END""",
-    f"""CREATE TRIGGER IF NOT EXISTS recovery_dailycount_ai AFTER INSERT ON {EVENTS} BEGIN
-        {_sqlite_count("new", "1")}
-    END""",
-    f"""CREATE TRIGGER IF NOT EXISTS recovery_dailycount_ad AFTER DELETE ON {EVENTS} BEGIN
+    f"""CREATE TRIGGER IF NOT EXISTS recovery_dailycount_ad AFTER DELETE ON {EVENTS}
+        WHEN {_INDEXED} BEGIN
         {_sqlite_uncount("old")}
     END""",
     f"""CREATE TRIGGER IF NOT EXISTS recovery_dailycount_au
-        AFTER UPDATE OF ts, recorded_at, done, deleted_data ON {EVENTS} BEGIN
+        AFTER UPDATE OF ts, recorded_at, done, deleted_data ON {EVENTS} WHEN {_INDEXED} BEGIN
         {_sqlite_uncount("old")}
         {_sqlite_count("new", "1")}
     END""",
@@ -102,10 +116,22 @@ SQLITE_INSTALL = [
     f"""INSERT INTO {COUNTS} (day, failed, deleted, events)
         SELECT {_SQLITE_DAY.format(row=EVENTS)}, done IS 0, deleted_data = 1, count(*)
         FROM {EVENTS} GROUP BY 1, 2, 3""",
+    f"DELETE FROM {CURSOR}",
+    f"INSERT INTO {CURSOR} (id, indexed_upto) SELECT 1, COALESCE(max(id), 0) FROM {EVENTS}",
+]
+
+# One batch of the catch-up, for ids in (%s, %s]; parameters: low, high.
+_SQLITE_CATCH_UP = [
+    f"""INSERT INTO {FTS} (rowid, type, detail, db)
+        SELECT id, type, detail, db FROM {EVENTS} WHERE id > %s AND id <= %s""",
+    f"""INSERT INTO {COUNTS} (day, failed, deleted, events)
+        SELECT {_SQLITE_DAY.format(row=EVENTS)}, done IS 0, deleted_data = 1, count(*)
+        FROM {EVENTS} WHERE id > %s AND id <= %s GROUP BY 1, 2, 3
+        ON CONFLICT (day, failed, deleted) DO UPDATE SET events = events + excluded.events""",
 ]
 
 SQLITE_UNINSTALL = [
-    *(f"DROP TRIGGER IF EXISTS {name}" for name in SQLITE_TRIGGERS),
+    *(f"DROP TRIGGER IF EXISTS {name}" for name in (*SQLITE_TRIGGERS, *SQLITE_RETIRED_TRIGGERS)),
     f"DROP TABLE IF EXISTS {FTS}",
 ]
 
@@ -201,6 +227,74 @@ def install(connection: BaseDatabaseWrapper) -> None:
             log.warning("no search index or counting triggers for %s", connection.vendor)
 
 
+def deferred(connection: BaseDatabaseWrapper) -> bool:
+    """True where search and counts lag behind inserts and readers must add the tail."""
+    return connection.vendor == "sqlite"
+
+
+def indexed_upto(connection: BaseDatabaseWrapper) -> int | None:
+    """The cursor (SQLite), or None where everything is always indexed (PostgreSQL)."""
+    if not deferred(connection):
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT indexed_upto FROM {CURSOR} WHERE id = 1")
+        row = cursor.fetchone()
+    return row[0] if row else 0
+
+
+def pending(connection: BaseDatabaseWrapper) -> int:
+    """How many events wait for the index (0 on PostgreSQL). Two primary-key lookups."""
+    upto = indexed_upto(connection)
+    if upto is None:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {EVENTS} WHERE id > %s", [upto])
+        return cursor.fetchone()[0]
+
+
+def has_pending(connection: BaseDatabaseWrapper, at_least: int = 1) -> bool:
+    """True if ``at_least`` events wait for the index (one primary-key range probe)."""
+    upto = indexed_upto(connection)
+    if upto is None:
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM {EVENTS} WHERE id > %s ORDER BY id LIMIT 1 OFFSET %s",
+            [upto, max(at_least, 1) - 1],
+        )
+        return cursor.fetchone() is not None
+
+
+def catch_up(connection: BaseDatabaseWrapper, batch: int = CATCH_UP_BATCH) -> int:
+    """Index and count the next ``batch`` events beyond the cursor; move it. Returns how many.
+
+    Must run inside a transaction: the index rows, the counts and the cursor
+    commit together, so a crash half-way leaves all three as they were.
+    """
+    if not deferred(connection):
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT indexed_upto FROM {CURSOR} WHERE id = 1")
+        low = cursor.fetchone()[0]
+        cursor.execute(
+            f"SELECT count(*), max(id) FROM (SELECT id FROM {EVENTS} WHERE id > %s "
+            f"ORDER BY id LIMIT %s)",
+            [low, batch],
+        )
+        count, high = cursor.fetchone()
+        if not count:
+            return 0
+        for statement in _SQLITE_CATCH_UP:
+            cursor.execute(statement, [low, high])
+        cursor.execute(
+            f"UPDATE {CURSOR} SET indexed_upto = %s WHERE id = 1 AND indexed_upto = %s",
+            [high, low],
+        )
+        if cursor.rowcount != 1:  # pragma: no cover - SQLite serialises writers
+            raise RuntimeError("the search cursor moved under this catch-up")
+    return count
+
+
 def uninstall(connection: BaseDatabaseWrapper) -> None:
     statements = {"sqlite": SQLITE_UNINSTALL, "postgresql": PG_UNINSTALL}.get(connection.vendor, [])
     with connection.cursor() as cursor:
@@ -214,7 +308,7 @@ def missing(connection: BaseDatabaseWrapper) -> list[str]:
         if connection.vendor == "sqlite":
             cursor.execute("SELECT name FROM sqlite_master WHERE type IN ('trigger', 'table')")
             present = {row[0] for row in cursor.fetchall()}
-            wanted = [*SQLITE_TRIGGERS, FTS]
+            wanted = [*SQLITE_TRIGGERS, FTS, CURSOR]
         elif connection.vendor == "postgresql":
             cursor.execute(
                 "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass "

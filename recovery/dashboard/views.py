@@ -13,14 +13,14 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth import views as auth_views
-from django.db.models import Count, Sum
+from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
 from durable.models import Job
 from durable.states import JobState
-from recovery.models import DailyCount, SecurityEvent
+from recovery.models import SecurityEvent
 
 from . import chart as charts
 from .access import allowed_actions, can_add, staff_required
@@ -29,6 +29,7 @@ from .listing import (
     RECOVERY_STATUSES,
     SECURITY_FILTERS,
     SEVERITIES,
+    daily_counts,
     recent_problems,
     recovery_listing,
     recovery_totals,
@@ -67,20 +68,7 @@ def job_counts() -> dict[str, int]:
 
 def events_per_day(today: Any, days: int = charts.DAYS) -> charts.Chart:
     first = today - timedelta(days=days - 1)
-    counts: dict[Any, tuple[int, int]] = {}
-    rows = (
-        DailyCount.objects.filter(day__gte=first, day__lte=today)
-        .values("day", "failed")
-        .annotate(n=Sum("events"))
-        .order_by()
-    )
-    for row in rows:
-        total, failed = counts.get(row["day"], (0, 0))
-        total += row["n"]
-        if row["failed"]:
-            failed += row["n"]
-        counts[row["day"]] = (total, failed)
-    return charts.chart(charts.last_days(counts, today, days))
+    return charts.chart(charts.last_days(daily_counts(first, today), today, days))
 
 
 def in_progress() -> list[Job]:

@@ -45,6 +45,21 @@ class Migration(migrations.Migration):
                 "db_table": "recovery_dailycount",
             },
         ),
+        migrations.CreateModel(
+            name="SearchCursor",
+            fields=[
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("indexed_upto", models.BigIntegerField(default=0)),
+            ],
+            options={
+                "db_table": "recovery_searchcursor",
+            },
+        ),
         migrations.AddIndex(
             model_name="recoveryevent",
             index=models.Index(
