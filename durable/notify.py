@@ -122,6 +122,20 @@ def publish(
     return result
 
 
+def anyone_listening() -> bool:
+    """True if any enabled webhook endpoint or mail recipient exists (two tiny queries).
+
+    Lets a bulk caller skip building payloads on a site that configured no destination.
+    """
+    from .mail.models import MailRecipient
+    from .webhooks.models import Endpoint
+
+    return (
+        Endpoint.objects.filter(enabled=True).exists()
+        or MailRecipient.objects.filter(enabled=True).exists()
+    )
+
+
 def sender_address() -> str:
     return getattr(settings, "DURABLE_MAIL_FROM", "") or settings.DEFAULT_FROM_EMAIL
 

@@ -39,6 +39,7 @@ from durable.models import UnitResult
 from durable.operations import JobContext, Operation, Unit, register
 
 from .models import EventType, IngestCursor, RecoveryEvent
+from .notify import publish_errors
 from .parsing import SKIP_LABELS, Chunk
 from .policy import Position, Verdict, ingest_report, line_prefix, plan_start, verdict
 from .records import advance_cursor, cursor_for, insert_lines, position_of
@@ -246,11 +247,12 @@ class IngestRecoveryEvents(Operation):
             result["note"] = batch.note
         if chunk is None:
             return result
-        inserted = insert_lines(
-            chunk.events,
-            prefix=line_prefix(batch.tag, batch.after.generation),
-            recorded_at=timezone.now(),
-        )
+        prefix = line_prefix(batch.tag, batch.after.generation)
+        inserted = insert_lines(chunk.events, prefix=prefix, recorded_at=timezone.now())
+        # In this unit's transaction: a replayed batch publishes nothing twice.
+        published = publish_errors(chunk.events, prefix=prefix)
+        if published:
+            result["published"] = published
         result.update(
             start=chunk.offset,
             lines=chunk.lines,

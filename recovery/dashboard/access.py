@@ -7,7 +7,8 @@
 - Actions need a model permission on ``durable.Job``: ``pause_job`` (pause
   and resume), ``cancel_job``, ``retry_job``; ``change_job`` implies all three
   (Django's admin wording for "may change jobs"); ``add_job`` starts jobs from
-  "New job". Superusers have every permission.
+  "New job". ``recovery.add_recoveryevent`` records a Recovery event by hand.
+  Superusers have every permission.
 
 Refusals of logged-in users are counted in the Security report (one row per
 kind: category ``dashboard``), so someone probing for what they may do shows up.
@@ -38,6 +39,7 @@ ACTION_PERMISSIONS = {
 }
 CHANGE_PERMISSION = "durable.change_job"
 ADD_PERMISSION = "durable.add_job"
+RECORD_PERMISSION = "recovery.add_recoveryevent"  # "Record event" on the Recovery page
 
 
 def request_ip(request: HttpRequest) -> str | None:
@@ -63,6 +65,10 @@ def can_act(user: Any, action: str) -> bool:
 
 def can_add(user: Any) -> bool:
     return is_staff(user) and user.has_perm(ADD_PERMISSION)
+
+
+def can_record(user: Any) -> bool:
+    return is_staff(user) and user.has_perm(RECORD_PERMISSION)
 
 
 def allowed_actions(user: Any) -> frozenset[str]:

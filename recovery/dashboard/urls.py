@@ -2,7 +2,7 @@
 
 from django.urls import path, register_converter
 
-from . import jobs, views
+from . import jobs, record, views
 
 
 class JobId:
@@ -24,6 +24,7 @@ app_name = "problems"
 urlpatterns = [
     path("", views.summary, name="summary"),
     path("recovery/", views.recovery, name="recovery"),
+    path("recovery/record/", record.record, name="record-event"),
     path("security/", views.security, name="security"),
     path("jobs/", jobs.job_list, name="jobs"),
     path("jobs/new/", jobs.new_job, name="new-job"),

@@ -23,7 +23,7 @@ from durable.states import JobState
 from recovery.models import SecurityEvent
 
 from . import chart as charts
-from .access import allowed_actions, can_add, staff_required
+from .access import allowed_actions, can_add, can_record, staff_required
 from .listing import (
     RECOVERY_FILTERS,
     RECOVERY_STATUSES,
@@ -52,6 +52,7 @@ def page_context(request: HttpRequest, section: str, **extra: Any) -> dict[str, 
         "section": section,
         "now": timezone.now(),
         "may_add": can_add(user),
+        "may_record": can_record(user),
         "allowed": allowed_actions(user),
         "per_page_choices": PER_PAGE_CHOICES,
         **extra,

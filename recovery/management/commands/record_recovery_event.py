@@ -7,6 +7,7 @@ import argparse
 from django.core.management.base import BaseCommand, CommandError
 
 from recovery.models import Severity
+from recovery.notify import publish_recorded
 from recovery.parsing import parse_address
 from recovery.records import record_event
 
@@ -76,4 +77,5 @@ class Command(BaseCommand):
         )
         if event is None:
             raise CommandError("the event could not be recorded; the log says why")
+        publish_recorded(event)  # an error goes out to the configured webhooks and mail
         self.stdout.write(f"recorded recovery event {event.pk} ({event.type})")
