@@ -19,6 +19,33 @@ from ..schedules.models import Occurrence
 PURGE_BATCH = 200
 
 
+def purgeable_outbound(cutoff: datetime) -> Any:
+    """Published events older than ``cutoff`` whose every delivery is settled.
+
+    A delivery still pending (or a mail still "sending"), or whose job is
+    unfinished — an exhausted delivery's job may be paused, and resuming it
+    needs its record — keeps its event and all its deliveries.
+    """
+    from django.db.models import Exists, OuterRef, Q
+
+    from ..mail.models import MailDelivery, MailState
+    from ..states import UNFINISHED_STATES
+    from ..webhooks.models import Delivery, DeliveryState, OutboundEvent
+
+    live_job = Job.objects.filter(pk=OuterRef("job_id"), state__in=UNFINISHED_STATES)
+    hooks = Delivery.objects.filter(event=OuterRef("pk")).filter(
+        Q(state=DeliveryState.PENDING) | Q(Exists(live_job))
+    )
+    mails = MailDelivery.objects.filter(event=OuterRef("pk")).filter(
+        Q(state__in=[MailState.PENDING, MailState.SENDING]) | Q(Exists(live_job))
+    )
+    return (
+        OutboundEvent.objects.filter(created_at__lt=cutoff)
+        .exclude(Exists(hooks))
+        .exclude(Exists(mails))
+    )
+
+
 @register
 class PurgeJobs(Operation):
     """Delete finished jobs (with their events and unit results) older than a cut-off,
@@ -57,8 +84,9 @@ class PurgeJobs(Operation):
         cutoff = self._cutoff(ctx)
         jobs = Job.objects.purgeable(cutoff).count()
         keys = IdempotencyKey.objects.purgeable(cutoff).count()
-        # job batches, key batches, then the occurrence and worker-registry units
-        return -(-jobs // PURGE_BATCH) + -(-keys // PURGE_BATCH) + 2
+        sent = purgeable_outbound(cutoff).count()
+        # job, key and notification batches, then the occurrence and worker-registry units
+        return -(-jobs // PURGE_BATCH) + -(-keys // PURGE_BATCH) + -(-sent // PURGE_BATCH) + 2
 
     def units(self, ctx: JobContext) -> Iterator[Unit]:
         cutoff = self._cutoff(ctx)
@@ -98,6 +126,27 @@ class PurgeJobs(Operation):
                     "keys_after_id": keys_after,
                 },
             )
+        sent_after = (ctx.checkpoint or {}).get("sent_after_id", 0)
+        while True:
+            ids = list(
+                purgeable_outbound(cutoff)
+                .filter(pk__gt=sent_after)
+                .order_by("pk")
+                .values_list("pk", flat=True)[:PURGE_BATCH]
+            )
+            if not ids:
+                break
+            sent_after = ids[-1]
+            yield Unit(
+                key=f"outbound-events:{ids[0]}-{ids[-1]}",
+                payload={"event_ids": ids, "cutoff": cutoff.isoformat()},
+                checkpoint={
+                    "cutoff": cutoff.isoformat(),
+                    "after_id": after,
+                    "keys_after_id": keys_after,
+                    "sent_after_id": sent_after,
+                },
+            )
         # A schedule never needs its old occurrence records: only occurrences
         # after its next_run_at are ever applied (see durable.schedules).
         yield Unit(
@@ -107,6 +156,7 @@ class PurgeJobs(Operation):
                 "cutoff": cutoff.isoformat(),
                 "after_id": after,
                 "keys_after_id": keys_after,
+                "sent_after_id": sent_after,
                 "occurrences": True,
             },
         )
@@ -117,6 +167,7 @@ class PurgeJobs(Operation):
                 "cutoff": cutoff.isoformat(),
                 "after_id": after,
                 "keys_after_id": keys_after,
+                "sent_after_id": sent_after,
                 "workers": True,
             },
         )
@@ -129,6 +180,8 @@ class PurgeJobs(Operation):
         if unit.key == "workers":
             deleted, _ = WorkerProcess.objects.filter(stopped_at__lt=cutoff).delete()
             return {"workers": deleted}
+        if "event_ids" in unit.payload:
+            return self._purge_outbound(cutoff, unit.payload["event_ids"])
         if "key_ids" in unit.payload:
             keys = IdempotencyKey.objects.purgeable(cutoff).filter(pk__in=unit.payload["key_ids"])
             deleted, _ = keys.delete()
@@ -142,3 +195,14 @@ class PurgeJobs(Operation):
             # Keys of these jobs go with them (ON DELETE CASCADE).
             "idempotency_keys": per_model.get("durable.IdempotencyKey", 0),
         }
+
+    def _purge_outbound(self, cutoff: datetime, ids: list[int]) -> dict[str, int]:
+        from ..mail.models import MailDelivery
+        from ..webhooks.models import Delivery, OutboundEvent
+
+        # Checked again here: a redelivery may have started since the unit was planned.
+        events = list(purgeable_outbound(cutoff).filter(pk__in=ids).values_list("pk", flat=True))
+        hooks, _ = Delivery.objects.filter(event_id__in=events).delete()
+        mails, _ = MailDelivery.objects.filter(event_id__in=events).delete()
+        sent, _ = OutboundEvent.objects.filter(pk__in=events).delete()
+        return {"outbound_events": sent, "webhook_deliveries": hooks, "mail_deliveries": mails}
