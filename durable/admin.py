@@ -92,24 +92,59 @@ class OutboundEventAdmin(ReadOnlyAdmin):
     show_full_result_count = False
 
 
+class SendAgainMixin:
+    """An admin action that sends deliveries again through their durable job.
+
+    Whoever may retry jobs (``durable.retry_job``, or ``change_job``) may use it.
+    Webhooks keep their ``Idempotency-Key`` and mail its ``Message-ID``, so a
+    receiver that saw the first attempt can tell the repeat.
+    """
+
+    def has_send_again_permission(self, request: HttpRequest) -> bool:
+        user = request.user
+        return user.has_perm("durable.retry_job") or user.has_perm("durable.change_job")
+
+    def _send_again(self, request: HttpRequest, queryset: models.QuerySet, how) -> None:
+        from .notify import audit_actor
+
+        jobs = [
+            how(pk, actor=audit_actor(request)).pk for pk in queryset.values_list("pk", flat=True)
+        ]
+        self.message_user(request, f"{len(jobs)} queued again (jobs {', '.join(map(str, jobs))}).")
+
+
 @admin.register(Delivery)
-class DeliveryAdmin(ReadOnlyAdmin):
+class DeliveryAdmin(SendAgainMixin, ReadOnlyAdmin):
     list_display = ["id", "event", "endpoint", "state", "status_code", "attempts",
                     "delivered_at", "job_id", "idempotency_key"]  # fmt: skip
     list_filter = ["state", "endpoint"]
     search_fields = ["=idempotency_key", "=job_id"]
     ordering = ["-id"]
     show_full_result_count = False
+    actions = ["redeliver"]
+
+    @admin.action(description="Deliver again (same Idempotency-Key)", permissions=["send_again"])
+    def redeliver(self, request: HttpRequest, queryset: models.QuerySet) -> None:
+        from .notify import redeliver
+
+        self._send_again(request, queryset, redeliver)
 
 
 @admin.register(MailDelivery)
-class MailDeliveryAdmin(ReadOnlyAdmin):
+class MailDeliveryAdmin(SendAgainMixin, ReadOnlyAdmin):
     list_display = ["id", "event", "address", "state", "possibly_duplicate", "guarantee",
                     "send_attempts", "sent_at", "job_id"]  # fmt: skip
     list_filter = ["state", "possibly_duplicate"]
     search_fields = ["address", "=job_id"]
     ordering = ["-id"]
     show_full_result_count = False
+    actions = ["resend"]
+
+    @admin.action(description="Send again (same Message-ID)", permissions=["send_again"])
+    def resend(self, request: HttpRequest, queryset: models.QuerySet) -> None:
+        from .notify import resend_mail
+
+        self._send_again(request, queryset, resend_mail)
 
 
 @admin.register(Credential)

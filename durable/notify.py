@@ -166,6 +166,11 @@ def _again(model: type[Model], operation: str, prefix: str, pk: int, actor: str,
     return job
 
 
+def audit_actor(request: Any) -> str:
+    """How a person acting through the admin is named in the jobs' event logs."""
+    return f"admin:{request.user.get_username()}"[:150]
+
+
 def redeliver(delivery_id: int, *, actor: str = "") -> Job:
     """Send a webhook delivery again (an operator's request) with the same idempotency key."""
     from .webhooks.models import Delivery
