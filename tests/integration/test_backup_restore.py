@@ -544,10 +544,12 @@ def test_commands__ctrl_c_leaves_an_inline_job_to_continue_where_it_stopped(back
             Job.objects.select_for_update().get(pk=job.pk)
             os.kill(first.pid, signal.SIGINT)  # Ctrl-C, delivered when it continues
             os.kill(first.pid, signal.SIGCONT)
-            read_until(first, "interrupted: stopping at the next unit boundary")
+            early = read_until(first, "interrupted: stopping at the next unit boundary")
         out, _ = first.communicate(timeout=60)
+        out = early + out
     finally:
         first.kill()
+        first.stdout.close()
     assert first.returncode == 1, out
     assert "continues from its checkpoint when run again" in out
     job.refresh_from_db()
@@ -570,17 +572,25 @@ def test_commands__ctrl_c_leaves_an_inline_job_to_continue_where_it_stopped(back
 
 
 def read_until(proc: subprocess.Popen, text: str, timeout: float = 30.0) -> str:
-    """Read the process's output line by line until a line contains ``text``."""
-    seen = []
+    """Read the process's output until it contains ``text``; return all that was read.
+
+    Raw reads of the pipe, not ``readline``: a text file object reads ahead, and
+    ``select`` on the pipe cannot see lines already waiting in its buffer.
+    """
+    fd, data = proc.stdout.fileno(), b""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.1)
+        ready, _, _ = select.select([fd], [], [], 0.1)
         if ready:
-            line = proc.stdout.readline()
-            seen.append(line)
-            if text in line:
-                return "".join(seen)
-    pytest.fail(f"{text!r} not seen within {timeout}s; output so far:\n{''.join(seen)}")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+            if text in data.decode(errors="replace"):
+                return data.decode(errors="replace")
+    pytest.fail(
+        f"{text!r} not seen within {timeout}s; output so far:\n{data.decode(errors='replace')}"
+    )
 
 
 def _excludes() -> list[str]:
