@@ -123,9 +123,10 @@ def enqueue(
     own writes — the job row lives in the same database, so there is no
     enqueue-before-commit race to guard against.
 
-    With ``unique_key``, an unfinished job with the same key is returned
-    instead of creating a second one (``job.created`` tells which happened);
-    the database's partial unique index settles races between processes.
+    With ``unique_key`` (or, when it is None, the operation's own
+    ``Operation.unique_key(input)``), an unfinished job with the same key is
+    returned instead of creating a second one (``job.created`` tells which
+    happened); the database's partial unique index settles races between processes.
     """
     op = get_operation(operation)
     data = clean_input(input, max_bytes=max_input_bytes())
@@ -137,6 +138,8 @@ def enqueue(
     if not -100 <= prio <= 100:
         raise InputRejected("priority", "must be between -100 and 100")
     now = timezone.now()
+    if unique_key is None:
+        unique_key = op.unique_key(data)
     if unique_key is not None and not 0 < len(unique_key) <= 255:
         raise InputRejected("unique_key", "must be 1 to 255 characters")
     for _ in range(3):
@@ -155,6 +158,8 @@ def enqueue(
                 unique_key=unique_key,
             )
         except IntegrityError:
+            if unique_key is None:
+                raise  # not a unique-key race: some other constraint refused the row
             existing = Job.objects.unfinished().filter(unique_key=unique_key).first()
             if existing is not None:
                 existing.created = False

@@ -97,6 +97,8 @@ class Job(models.Model):
             ("pause_job", "Can pause and resume jobs"),
             ("cancel_job", "Can cancel jobs"),
             ("retry_job", "Can retry jobs now"),
+            # Operations whose access is PRIVILEGED (restore, file moves, imports…).
+            ("start_privileged_job", "Can start privileged operations"),
         ]
         indexes = [
             # The claim: WHERE state='queued' AND queue=? AND next_attempt_at<=?

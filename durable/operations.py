@@ -47,6 +47,30 @@ MAX_UNIT_PAYLOAD_BYTES = 64 * 1024
 log = logging.getLogger("durable.operations")
 
 
+class Access:
+    """Who may start an operation by hand (the dashboard's "New job", the HTTP API).
+
+    ``ANYONE``: whoever may start jobs at all. ``PRIVILEGED``: only with the extra
+    right (the ``durable.start_privileged_job`` permission, the API scope
+    ``jobs:admin``), for operations that read or replace data beyond their own rows
+    — a restore empties tables, a file move deletes sources, an import reads a
+    server path. ``SYSTEM``: never by hand; the site enqueues it itself (deliveries,
+    bulk actions). Management commands are run by whoever has the server's shell
+    and are not limited by it.
+    """
+
+    ANYONE = "anyone"
+    PRIVILEGED = "privileged"
+    SYSTEM = "system"
+
+
+def may_start(operation: Operation, *, privileged: bool) -> bool:
+    """Whether a person or client may start ``operation`` by hand."""
+    if operation.access == Access.SYSTEM:
+        return False
+    return operation.access == Access.ANYONE or privileged
+
+
 @dataclass(frozen=True)
 class Unit:
     """One bounded, repeatable piece of work.
@@ -135,12 +159,23 @@ class Operation:
     # A django.forms.Form whose cleaned_data is the job's input: the dashboard's
     # "New job" page renders it. None: the page offers a JSON input field.
     input_form: ClassVar[type | None] = None
+    # Who may start it from the dashboard or the API (see ``Access``).
+    access: ClassVar[str] = Access.ANYONE
 
     # --- called on enqueue ------------------------------------------------------
 
     def clean_input(self, data: dict[str, Any]) -> dict[str, Any]:
         """Validate and normalise the input; raise ``InputRejected(field, why)``."""
         return data
+
+    def unique_key(self, data: dict[str, Any]) -> str | None:
+        """A key that admits one unfinished job at a time (None: no such limit).
+
+        Called with the cleaned input whenever ``enqueue`` is not given a key, so
+        every way of starting the job — command, dashboard, API, schedule — agrees;
+        e.g. ``f"restore:{data['database']}"`` keeps two restores off one database.
+        """
+        return None
 
     def credential_refs(self, data: dict[str, Any]) -> Iterable[str]:
         """Credential names the job needs; missing ones pause it with a clear reason."""

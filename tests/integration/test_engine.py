@@ -74,6 +74,20 @@ def test_enqueue__unique_key_returns_the_unfinished_job_instead_of_a_second():
     assert later.pk != first.pk
 
 
+def test_enqueue__the_operation_s_own_unique_key_applies_to_every_caller():
+    first = jobs.enqueue("test.one_per_target", {"target": "a"})
+    again = jobs.enqueue("test.one_per_target", {"target": "a"})
+    other = jobs.enqueue("test.one_per_target", {"target": "b"})
+    assert first.unique_key == "target:a"
+    assert (again.pk, again.created) == (first.pk, False)
+    assert other.created
+    assert other.pk != first.pk
+    # A key the caller passes wins over the operation's.
+    explicit = jobs.enqueue("test.one_per_target", {"target": "a"}, unique_key="mine")
+    assert explicit.created
+    assert explicit.unique_key == "mine"
+
+
 # --- claim -------------------------------------------------------------------------
 
 

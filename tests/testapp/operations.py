@@ -7,6 +7,7 @@
 - ``test.flaky``: fails its first ``fail_times`` attempts with a chosen error.
 - ``test.needs_credential``: needs the credential named by ``token_ref``.
 - ``test.form``: takes its input from a Django form (the dashboard's "New job").
+- ``test.one_per_target``: privileged, one unfinished job per target (``unique_key``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from django import forms
 from django.utils import timezone
 
 from durable.errors import InputRejected, NonRetryable, RetryLater, Unavailable
-from durable.operations import JobContext, Operation, Unit, register
+from durable.operations import Access, JobContext, Operation, Unit, register
 
 from .models import SideEffect
 
@@ -207,6 +208,24 @@ class FormInput(Operation):
         if data.get("source") == "/etc/shadow":
             raise InputRejected("source", "that file is off limits")
         return data
+
+    def units(self, ctx: JobContext) -> Iterator[Unit]:
+        if not ctx.checkpoint:
+            yield Unit(key="only", checkpoint={"done": True})
+
+    def run_unit(self, ctx: JobContext, unit: Unit) -> None:
+        return None
+
+
+@register
+class OnePerTarget(Operation):
+    """One unfinished job per ``target`` (``Operation.unique_key``), like a restore."""
+
+    name = "test.one_per_target"
+    access = Access.PRIVILEGED
+
+    def unique_key(self, data: dict[str, Any]) -> str:
+        return f"target:{data.get('target', '')}"
 
     def units(self, ctx: JobContext) -> Iterator[Unit]:
         if not ctx.checkpoint:

@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from durable.operations import Access, Operation, may_start
 from durable.policy import (
     MAX_ERROR_HISTORY,
     MAX_ERROR_MESSAGE_BYTES,
@@ -131,3 +132,24 @@ def test_parse_duration__accepted_forms(text, expected):
 def test_parse_duration__rejects_garbage_with_a_hint(text):
     with pytest.raises(ValueError, match=r"e\.g\. 30d"):
         parse_duration(text)
+
+
+class _Op(Operation):
+    name = "t.access"
+
+
+@pytest.mark.parametrize(
+    ("access", "privileged", "allowed"),
+    [
+        (Access.ANYONE, False, True),  # the default: anyone who may start jobs
+        (Access.ANYONE, True, True),
+        (Access.PRIVILEGED, False, False),  # needs the extra right
+        (Access.PRIVILEGED, True, True),
+        (Access.SYSTEM, False, False),  # never by hand, whoever asks
+        (Access.SYSTEM, True, False),
+    ],
+)
+def test_may_start__table(access: str, privileged: bool, allowed: bool):
+    op = _Op()
+    op.access = access
+    assert may_start(op, privileged=privileged) is allowed
