@@ -143,9 +143,18 @@ def job_list(request: HttpRequest) -> HttpResponse:
 
 
 def detail_context(request: HttpRequest, job: Job) -> dict[str, Any]:
+    """What the detail shows, with its URLs built from the job, never from the request.
+
+    The same template answers a GET and an action's POST (htmx swaps the detail
+    in place): a poll URL taken from the request would be the action's URL, which
+    answers GET with 405 — every 2 s, for as long as the page stays open.
+    """
     now = timezone.now()
     decorate(job, allowed_actions(request.user), now)
     upto = _seq_param(request.GET.get("upto"), job.event_seq)
+    detail_url = reverse("problems:job", args=[job.pk])
+    # "Earlier events" keeps its place while it polls; the latest events need no ?upto=.
+    here = f"{detail_url}?upto={upto}" if upto < job.event_seq else detail_url
     events = list(job.events.filter(seq__lte=upto).order_by("-seq")[:EVENTS_SHOWN])[::-1]
     started = job.events.filter(kind="started").order_by("-seq")[:WORKERS_SHOWN]
     holders = [
@@ -162,6 +171,8 @@ def detail_context(request: HttpRequest, job: Job) -> dict[str, Any]:
         "jobs",
         job=job,
         events=events,
+        detail_url=detail_url,
+        here=here,
         earlier=events[0].seq - 1 if events and events[0].seq > 1 else None,
         last_shown=events[-1].seq if events else None,
         holders=holders,

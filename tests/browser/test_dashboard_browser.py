@@ -173,6 +173,24 @@ def test_job_detail__cancel_a_queued_job(ui, staff):
     expect(ui.page.locator("#job-detail")).not_to_have_attribute("hx-trigger", "every 2s")
 
 
+def test_job_detail__cancel_a_running_job_and_watch_it_stop(ui, staff, workers):
+    # The detail swapped in by the action polls the job's own URL (never the action's,
+    # whose GET is a 405 — a console error the fixture would report) until it settles.
+    job = jobs.enqueue("durable.noop", {"units": 600, "sleep": 0.05})
+    workers.start("--operation", "durable.noop")
+    wait_until(lambda: Job.objects.filter(pk=job.pk, state="running").exists())
+    ui.login("admin", next_path=f"/problems/jobs/{job.pk}/")
+    badge = ui.page.locator("#job-detail .badge")
+    expect(badge).to_have_text("Running")
+    ui.mark()
+    ui.page.locator("#job-detail button.act-cancel").click()  # hx-confirm accepted
+    expect(badge).to_have_text(re.compile("Cancelling|Cancelled"))
+    expect(badge).to_have_text("Cancelled")  # written by the worker, seen by polling
+    assert ui.same_document()
+    expect(ui.page.locator("#job-detail")).not_to_have_attribute("hx-trigger", "every 2s")
+    assert Job.objects.get(pk=job.pk).state == "cancelled"
+
+
 def test_job_detail__progress_bar_advances_while_a_worker_runs(ui, staff, workers):
     job = jobs.enqueue("durable.noop", {"units": 16, "sleep": 0.5})
     ui.login("admin", next_path=f"/problems/jobs/{job.pk}/")

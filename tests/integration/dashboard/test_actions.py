@@ -10,6 +10,7 @@ from django.contrib.messages import get_messages
 from django.test import override_settings
 from django.urls import reverse
 
+from durable import jobs as jobs_module
 from durable.models import Job, JobEvent
 from recovery.dashboard import bulk as bulk_module
 from recovery.models import RecoveryEvent
@@ -121,6 +122,36 @@ def test_action__htmx_from_the_detail_page_gets_the_detail(admin, make_job):
     assert html.lstrip().startswith('<section id="job-detail"')
     assert "badge big state-queued" in html
     assert 'hx-trigger="every 2s"' in html  # queued again: the detail polls
+
+
+@pytest.mark.parametrize(
+    ("state", "action"),
+    [("paused", "resume"), ("running", "cancel"), ("failed", "retry"), ("running", "pause")],
+)
+def test_action__the_detail_it_answers_polls_the_job_not_the_action(admin, make_job, state, action):
+    job = make_job(state)
+    response = act(admin, job, action, data={"render": "detail"}, headers=HTMX)
+    html = response.content.decode()
+    detail = reverse("problems:job", args=[job.pk])
+    section = html.split(">", 1)[0]
+    if Job.objects.get(pk=job.pk).state in ("queued", "running", "cancelling"):
+        assert f'hx-get="{detail}"' in section  # a GET of the action URL would be a 405
+    assert f"/{action}/" not in section
+    assert set(re.findall(r'name="next" value="([^"]*)"', html)) <= {detail}
+    assert admin.get(detail, headers=HTMX).status_code == 200
+
+
+def test_job_detail__earlier_events_and_its_poll_keep_their_place(admin, make_job):
+    job = make_job("running")
+    for n in range(210):
+        jobs_module.pause(job.pk) if n % 2 == 0 else jobs_module.resume(job.pk)
+    detail = reverse("problems:job", args=[job.pk])
+    older = admin.get(detail, {"upto": "5"}).content.decode()
+    assert f'hx-get="{detail}?upto=5"' in older
+    latest = admin.get(detail).content.decode()
+    assert f'hx-get="{detail}"' in latest
+    seq = Job.objects.get(pk=job.pk).event_seq
+    assert f'href="{detail}?upto={seq - 200}"' in latest  # "Earlier events"
 
 
 def test_action__refused_by_htmx_keeps_the_row_and_says_why(admin, make_job):
