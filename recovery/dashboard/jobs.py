@@ -49,6 +49,9 @@ ENGINE_ACTIONS = {
     "cancel": engine.cancel,
     "retry": engine.retry_now,
 }
+# Sent with every action's htmx reply: the Jobs table re-reads itself on it (it may
+# not be polling: whether it polls was decided when it was last rendered).
+CHANGED_EVENT = "jobs-changed"
 EVENTS_SHOWN = 200
 ERROR_MENU_SECONDS = 30
 WORKERS_SHOWN = 50
@@ -125,6 +128,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
         query=query,
         listing=listing,
         poll=any(job.is_active for job in listing.rows),
+        refresh_on=f"{CHANGED_EVENT} from:body",
         noun=("job", "jobs"),
         bulk_actions=[(action, LABELS[action]) for action in PAST if action in allowed],
         upto=Job.objects.aggregate(top=Max("id"))["top"] or 0,
@@ -207,16 +211,20 @@ def _answer(request: HttpRequest, job_id: int, said: Any, fallback: str) -> Http
     job = Job.objects.filter(pk=job_id).first()
     message = {"level": said.level, "message": said.text}
     if job is None:
-        return render(request, "problems/_message_oob.html", message)
-    if request.POST.get("render") == "detail":
+        response = render(request, "problems/_message_oob.html", message)
+    elif request.POST.get("render") == "detail":
         context = detail_context(request, job)
         context.update(message)
-        return render(request, "problems/_job_detail_oob.html", context)
-    context = page_context(
-        request, "jobs", job=decorate(job, allowed_actions(request.user), timezone.now())
-    )
-    context.update(message)
-    return render(request, "problems/_job_row_oob.html", context)
+        response = render(request, "problems/_job_detail_oob.html", context)
+    else:
+        context = page_context(
+            request, "jobs", job=decorate(job, allowed_actions(request.user), timezone.now())
+        )
+        context.update(message)
+        response = render(request, "problems/_job_row_oob.html", context)
+    # After the swap settles (the button's request no longer holds #results' sync lock).
+    response["HX-Trigger-After-Settle"] = CHANGED_EVENT
+    return response
 
 
 @staff_required

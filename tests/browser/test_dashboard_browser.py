@@ -148,6 +148,9 @@ def test_jobs__pause_resume_and_cancel_a_job_a_real_worker_runs(ui, staff, worke
     # the worker stops at the next unit boundary and lets the job go
     wait_until(lambda: Job.objects.filter(pk=job.pk, state="paused", lease_owner=None).exists())
     done_at_pause = Job.objects.get(pk=job.pk).units_done
+    # Nothing on the page is active any more: the table's next poll is its last one.
+    # Resume must start the polling again (the action's reply says "jobs-changed").
+    expect(ui.page.locator("#results")).not_to_have_attribute("data-polling", "2s")
     row.locator("button.act-resume").click()
     expect(badge).to_have_text(re.compile("Queued|Running"))
     expect(badge).to_have_text("Running")  # the table polls while a job is active
@@ -156,7 +159,7 @@ def test_jobs__pause_resume_and_cancel_a_job_a_real_worker_runs(ui, staff, worke
     expect(badge).to_have_text(re.compile("Cancelling|Cancelled"))
     expect(badge).to_have_text("Cancelled")  # recorded by the worker, seen by polling
     assert ui.same_document()
-    expect(ui.page.locator("#results")).not_to_have_attribute("hx-trigger", "every 2s")
+    expect(ui.page.locator("#results")).not_to_have_attribute("data-polling", "2s")
     assert Job.objects.get(pk=job.pk).state == "cancelled"
 
 
@@ -170,7 +173,7 @@ def test_job_detail__cancel_a_queued_job(ui, staff):
     expect(ui.page.locator("#messages")).to_contain_text(f"Job {job.pk} cancelled")
     assert ui.same_document()
     assert Job.objects.get(pk=job.pk).state == "cancelled"
-    expect(ui.page.locator("#job-detail")).not_to_have_attribute("hx-trigger", "every 2s")
+    expect(ui.page.locator("#job-detail")).not_to_have_attribute("data-polling", "2s")
 
 
 def test_job_detail__cancel_a_running_job_and_watch_it_stop(ui, staff, workers):
@@ -187,7 +190,7 @@ def test_job_detail__cancel_a_running_job_and_watch_it_stop(ui, staff, workers):
     expect(badge).to_have_text(re.compile("Cancelling|Cancelled"))
     expect(badge).to_have_text("Cancelled")  # written by the worker, seen by polling
     assert ui.same_document()
-    expect(ui.page.locator("#job-detail")).not_to_have_attribute("hx-trigger", "every 2s")
+    expect(ui.page.locator("#job-detail")).not_to_have_attribute("data-polling", "2s")
     assert Job.objects.get(pk=job.pk).state == "cancelled"
 
 
@@ -211,7 +214,7 @@ def test_job_detail__progress_bar_advances_while_a_worker_runs(ui, staff, worker
     assert any(0 < value < 16 for value in seen), seen  # seen part-way, not just the end
     assert seen[-1] == 16
     assert ui.same_document()  # polling swapped the detail; no reload
-    expect(ui.page.locator("#job-detail")).not_to_have_attribute("hx-trigger", "every 2s")
+    expect(ui.page.locator("#job-detail")).not_to_have_attribute("data-polling", "2s")
     ui.shot("job-detail-completed")
 
 

@@ -253,9 +253,9 @@ def test_summary__counts_progress_problems_security_and_chart(admin, make_job):
     assert "<script" not in svg
 
 
-def test_summary__polls_only_while_a_job_runs(admin, make_job):
+def test_summary__polls_fast_while_a_job_runs_and_slowly_otherwise(admin, make_job):
     quiet = admin.get(reverse("problems:summary")).content.decode()
-    assert 'hx-trigger="every 2s"' not in quiet
+    assert 'hx-trigger="every 10s"' in quiet  # a job started elsewhere still shows up
     job = make_job("running")
     busy = admin.get(reverse("problems:summary")).content.decode()
     assert 'hx-trigger="every 2s"' in busy
@@ -266,7 +266,8 @@ def test_summary__polls_only_while_a_job_runs(admin, make_job):
     jobs.cancel(job.pk)
     Job.objects.filter(pk=job.pk).update(state="cancelled", lease_owner=None)  # the worker's part
     stopped = admin.get(reverse("problems:summary"), headers=HTMX).content.decode()
-    assert "every 2s" not in stopped  # the swapped-in fragment has no trigger: polling ends
+    assert "every 2s" not in stopped  # the swapped-in fragment polls slowly again
+    assert 'hx-trigger="every 10s"' in stopped
 
 
 # --- Jobs ---------------------------------------------------------------------------------
@@ -309,18 +310,37 @@ def test_jobs__filters_by_state_operation_error_and_search(admin, make_job):
     assert ids(q="%") == set()  # literal, not a wildcard
 
 
+def results_section(html: str) -> str:
+    return html.split('<section id="results"', 1)[1].split(">", 1)[0]
+
+
 def test_jobs__polls_while_a_job_is_active_keeping_the_query(admin, make_job):
     make_job("paused")
     html = admin.get(reverse("problems:jobs"), {"per_page": 25}).content.decode()
     assert "every 2s" not in html
+    assert "data-polling" not in results_section(html)
     make_job("queued")
     html = admin.get(reverse("problems:jobs"), {"per_page": 25, "state": "all"}).content.decode()
-    section = html.split('<section id="results"', 1)[1].split(">", 1)[0]
+    section = results_section(html)
     assert 'hx-get="/problems/jobs/?per_page=25"' in section
-    assert 'hx-trigger="every 2s"' in section
+    assert 'hx-trigger="every 2s, jobs-changed from:body"' in section
+    assert 'data-polling="2s"' in section
     assert 'hx-push-url="false"' in section
     only_paused = admin.get(reverse("problems:jobs"), {"state": "paused"}).content.decode()
     assert "every 2s" not in only_paused
+
+
+def test_jobs__a_quiet_table_reads_itself_again_after_an_action(admin, make_job):
+    # Nothing active: no polling, but the table listens for the actions' "jobs-changed",
+    # so resuming a job here makes it poll again (F2: it used to stay "Queued" forever).
+    job = make_job("paused")
+    quiet = results_section(admin.get(reverse("problems:jobs"), {"state": "all"}).content.decode())
+    assert 'hx-get="/problems/jobs/"' in quiet
+    assert 'hx-trigger="jobs-changed from:body"' in quiet
+    response = admin.post(reverse("problems:job-action", args=[job.pk, "resume"]), headers=HTMX)
+    assert response["HX-Trigger-After-Settle"] == "jobs-changed"
+    again = admin.get(reverse("problems:jobs"), headers=HTMX).content.decode()
+    assert 'hx-trigger="every 2s, jobs-changed from:body"' in results_section(again)
 
 
 def test_job_detail__everything_about_a_job(admin, make_job):
