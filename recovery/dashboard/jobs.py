@@ -10,6 +10,7 @@ message; plain form posts are redirected back with the message.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -359,6 +360,22 @@ def _bulk_selected(request: HttpRequest, action: str, ids: list[int], back: str)
     return redirect(back)
 
 
+def bulk_key(user_id: Any, action: str, spec: dict[str, str], upto: int) -> str:
+    """The unique key of one confirmed "apply to all matching": who, what, which jobs.
+
+    A confirmation submitted twice (a double click, a reload, the back button) gets
+    the first job back while it is unfinished, instead of a second job and a second
+    audit event. Once it finished, the same confirmation runs again (harmlessly:
+    every job is "already so").
+    """
+    identity = json.dumps(
+        {"user": user_id, "action": action, "filter": spec, "upto": upto},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return f"bulk:{hashlib.sha256(identity.encode()).hexdigest()[:48]}"
+
+
 def _bulk_filter(
     request: HttpRequest, action: str, spec: dict[str, str], upto: int, count: int, back: str
 ) -> HttpResponse:
@@ -376,7 +393,13 @@ def _bulk_filter(
             "ip": request_ip(request) or "",
         },
         owner=audit.actor(request),
+        unique_key=bulk_key(request.user.pk, action, spec, upto),
     )
+    if not job.created:
+        messages.info(
+            request, f"Already queued as job {job.pk} ({job.state}): its progress is below."
+        )
+        return redirect("problems:job", job.pk)
     audit.record_action(
         request,
         audit.BULK_EVENT,

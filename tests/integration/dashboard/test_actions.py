@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.contrib.auth.models import User
 from django.contrib.messages import get_messages
 from django.test import override_settings
 from django.urls import reverse
@@ -267,6 +268,26 @@ def test_bulk_filter__runs_as_a_durable_job_in_batches(admin, make_job, monkeypa
     assert summary.username == "admin"
     page = admin.get(reverse("problems:job", args=[bulk_job.pk])).content.decode()
     assert 'max="4" value="4"' in page
+
+
+def test_bulk_filter__a_confirmation_sent_twice_queues_one_job(admin, make_job):
+    queued = [make_job("queued") for _ in range(3)]
+    data = {"action": "pause", "scope": "filter", "filter_state": "queued",
+            "upto": str(queued[-1].pk), "confirmed": "1"}  # fmt: skip
+    first = admin.post(reverse("problems:bulk"), data)
+    second = admin.post(reverse("problems:bulk"), data, follow=True)
+    bulk_job = Job.objects.get(operation="recovery.bulk_action")
+    assert first["Location"] == reverse("problems:job", args=[bulk_job.pk])
+    assert second.redirect_chain[-1][0] == reverse("problems:job", args=[bulk_job.pk])
+    assert f"Already queued as job {bulk_job.pk}" in second.content.decode()
+    assert RecoveryEvent.objects.filter(type="job-bulk-action").count() == 1
+    # Another action, filter or user is another job.
+    admin.post(reverse("problems:bulk"), {**data, "action": "cancel"})
+    admin.post(reverse("problems:bulk"), {**data, "filter_q": "noop"})
+    client_for_other = admin.__class__()
+    client_for_other.force_login(User.objects.create_superuser("other", "", "pw"))
+    client_for_other.post(reverse("problems:bulk"), data)
+    assert Job.objects.filter(operation="recovery.bulk_action").count() == 4
 
 
 def test_bulk_filter__nothing_matching_enqueues_nothing(admin, make_job):
