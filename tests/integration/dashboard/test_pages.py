@@ -310,6 +310,13 @@ def test_jobs__filters_by_state_operation_error_and_search(admin, make_job):
     assert ids(q="%") == set()  # literal, not a wildcard
 
 
+def test_jobs__search_matches_the_lease_owner(admin, make_job):
+    held = make_job("running")  # claimed by "worker-a"
+    make_job("queued")
+    html = admin.get(reverse("problems:jobs"), {"q": "WORKER-A"}).content.decode()
+    assert {int(n) for n in re.findall(r'id="job-(\d+)"', html)} == {held.pk}
+
+
 def results_section(html: str) -> str:
     return html.split('<section id="results"', 1)[1].split(">", 1)[0]
 
