@@ -41,7 +41,7 @@ from .bulk import OPERATION as BULK_OPERATION
 from .indexing import OPERATION as SEARCH_INDEX_OPERATION
 from .listing import JOB_FILTERS, JOB_STATES, job_filter, job_spec, jobs_listing
 from .query import PER_PAGE_MAX, parse_choice, parse_int, parse_table_query
-from .views import page_context, wants_fragment
+from .views import page_context, table_fragment, wants_fragment
 
 ACTIVE_STATES = frozenset({JobState.QUEUED, JobState.RUNNING, JobState.CANCELLING})
 ENGINE_ACTIONS = {
@@ -135,7 +135,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
         upto=Job.objects.aggregate(top=Max("id"))["top"] or 0,
     )
     if wants_fragment(request):
-        return render(request, "problems/_jobs_results.html", context)
+        return table_fragment(request, "problems/_jobs_results.html", context, query)
     context.update(
         states=[(state, STATE_LABELS[state]) for state in JOB_STATES],
         operations=operation_choices(),

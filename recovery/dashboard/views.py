@@ -35,7 +35,7 @@ from .listing import (
     recovery_totals,
     security_listing,
 )
-from .query import PER_PAGE_MAX, parse_table_query
+from .query import PER_PAGE_MAX, TableQuery, parse_table_query
 
 PER_PAGE_CHOICES = (10, 25, 50, PER_PAGE_MAX)
 SUMMARY_ROWS = 10
@@ -44,6 +44,25 @@ SUMMARY_ROWS = 10
 def wants_fragment(request: HttpRequest) -> bool:
     """True for htmx requests that swap a part of the page (not a history restore)."""
     return bool(request.htmx) and not request.htmx.history_restore_request
+
+
+TOOLBAR_ID = "toolbar"  # the search form of the table pages (table_page.html)
+
+
+def table_fragment(
+    request: HttpRequest, template: str, context: dict[str, Any], query: TableQuery
+) -> HttpResponse:
+    """A table page's results; to the toolbar, with the canonical address to push.
+
+    The form's own URL lists every field, defaults included
+    (``?q=&status=all&per_page=10``); the address bar should show the short,
+    canonical one the links use, so equal pages have equal addresses.
+    """
+    response = render(request, template, context)
+    if request.htmx.trigger == TOOLBAR_ID:
+        params = query.params()
+        response["HX-Push-Url"] = f"{request.path}?{params}" if params else request.path
+    return response
 
 
 def page_context(request: HttpRequest, section: str, **extra: Any) -> dict[str, Any]:
@@ -123,7 +142,7 @@ def recovery(request: HttpRequest) -> HttpResponse:
         noun=("event", "events"),
     )
     if wants_fragment(request):
-        return render(request, "problems/_recovery_results.html", context)
+        return table_fragment(request, "problems/_recovery_results.html", context, query)
     return render(request, "problems/recovery.html", context)
 
 
@@ -140,7 +159,7 @@ def security(request: HttpRequest) -> HttpResponse:
         noun=("kind of refusal", "kinds of refusal"),
     )
     if wants_fragment(request):
-        return render(request, "problems/_security_results.html", context)
+        return table_fragment(request, "problems/_security_results.html", context, query)
     return render(request, "problems/security.html", context)
 
 

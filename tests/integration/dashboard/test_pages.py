@@ -189,10 +189,31 @@ def test_links_work_with_and_without_javascript(admin):
         "/problems/recovery/?status=done&amp;page=3",
         "/problems/recovery/?status=done&amp;page=3",
     ) in links
-    form = html.split('<form class="toolbar"', 1)[1].split(">", 1)[0]
+    form = html.split('<form id="toolbar"', 1)[1].split(">", 1)[0]
     assert 'method="get"' in form
     assert 'hx-get="/problems/recovery/"' in form
-    assert 'hx-push-url="true"' in form
+    assert 'hx-push-url="false"' in form  # the server says what to push (HX-Push-Url)
+
+
+@pytest.mark.parametrize(
+    ("page", "params", "pushed"),
+    [
+        ("recovery", {"q": "", "status": "all", "per_page": "10"}, "/problems/recovery/"),
+        ("recovery", {"q": " Foo ", "status": "failed", "per_page": "25", "page": "1"},
+         "/problems/recovery/?q=Foo&status=failed&per_page=25"),
+        ("security", {"q": "", "severity": "all", "per_page": "10"}, "/problems/security/"),
+        ("jobs", {"q": "", "state": "all", "operation": "", "error": "", "per_page": "10"},
+         "/problems/jobs/"),
+        ("jobs", {"q": "a&b", "state": "failed", "operation": "", "error": "", "per_page": "10"},
+         "/problems/jobs/?q=a%26b&state=failed"),
+    ],
+)  # fmt: skip
+def test_toolbar__pushes_the_canonical_address_not_the_forms(admin, page, params, pushed):
+    url = reverse(f"problems:{page}")
+    typed = admin.get(url, params, headers={**HTMX, "HX-Trigger": "toolbar"})
+    assert typed["HX-Push-Url"] == pushed
+    polled = admin.get(url, params, headers={**HTMX, "HX-Trigger": "results"})
+    assert "HX-Push-Url" not in polled  # a poll never changes the address
 
 
 # --- Security -----------------------------------------------------------------------------------
