@@ -336,5 +336,7 @@ MIDDLEWARE.insert(
 )
 # htmx sends the CSRF token from the page (hx-headers), so scripts never need the cookie.
 CSRF_COOKIE_HTTPONLY = True
+# A refused POST answered in the dashboard's words (and to htmx, as a message).
+CSRF_FAILURE_VIEW = "recovery.dashboard.access.csrf_failure"
 SESSION_COOKIE_SAMESITE = "Lax"
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)

@@ -22,7 +22,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils.cache import add_never_cache_headers, patch_vary_headers
 from django_htmx.http import HttpResponseClientRedirect
@@ -85,22 +85,57 @@ def dashboard_headers(response: HttpResponse) -> HttpResponse:
     return response
 
 
-def refuse(request: HttpRequest, key: str, message: str) -> HttpResponse:
-    """403 with a readable page (or fragment), counted in the Security report."""
-    user = request.user
+def count_refusal(request: HttpRequest, key: str, message: str, *, cwe: int = 285) -> None:
+    """One more on the Security report's row ``dashboard`` / ``key`` (who, from where)."""
+    user = getattr(request, "user", None)
     record_security(
         category="dashboard",
         key=key,
         detail=f"{request.method} {request.path[:200]}: {message}",
         severity="warning",
-        cwe=285,  # improper authorization
+        cwe=cwe,  # 285: improper authorization; 352: cross-site request forgery
         source="dashboard",
         user_id=getattr(user, "pk", "") or "",
         username=getattr(user, "get_username", lambda: "")(),
         ip=request_ip(request),
     )
+
+
+def refuse(request: HttpRequest, key: str, message: str) -> HttpResponse:
+    """403 with a readable page (or fragment), counted in the Security report."""
+    count_refusal(request, key, message)
     template = "problems/_message.html" if request.htmx else "problems/403.html"
     response = render(request, template, {"level": "error", "message": message}, status=403)
+    return dashboard_headers(response)
+
+
+def not_found(request: HttpRequest, message: str) -> HttpResponse:
+    """404 as the message (htmx puts 4xx replies in #messages) or as a small page."""
+    context = {"level": "error", "message": message, "title": "Not found"}
+    template = "problems/_message.html" if request.htmx else "problems/error.html"
+    return render(request, template, context, status=404)
+
+
+CSRF_MESSAGE = (
+    "This form's security token is missing or out of date (signed out, or signed in again "
+    "in another tab?). Reload the page and try again."
+)
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """``CSRF_FAILURE_VIEW``: a refused POST says why in the dashboard's own words.
+
+    Django's page has an inline ``<style>`` (a CSP violation in the console) and,
+    to htmx, is a whole document swapped into the message area. htmx gets the
+    message fragment instead; a plain form post gets a small page. Counted in the
+    Security report: a forged request and a stale tab look alike from here.
+    """
+    count_refusal(request, "csrf-failed", reason or "CSRF check failed", cwe=352)
+    context = {"level": "error", "message": CSRF_MESSAGE, "title": "Not accepted"}
+    if getattr(request, "htmx", False):
+        response = render(request, "problems/_message.html", context, status=403)
+    else:
+        response = render(request, "problems/error.html", context, status=403)
     return dashboard_headers(response)
 
 
@@ -119,6 +154,10 @@ def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespo
             return dashboard_headers(redirect_to_login(request.get_full_path()))
         if not is_staff(user):
             return refuse(request, "not-staff", "This dashboard is for staff users only.")
-        return dashboard_headers(view(request, *args, **kwargs))
+        try:
+            response = view(request, *args, **kwargs)
+        except Http404 as missing:  # with this page's headers too (Vary, no-store)
+            response = not_found(request, str(missing) or "There is nothing at this address.")
+        return dashboard_headers(response)
 
     return wrapper

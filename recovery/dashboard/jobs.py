@@ -20,7 +20,7 @@ from django.core.cache import cache
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import Count, Max
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -53,6 +53,7 @@ ENGINE_ACTIONS = {
 # Sent with every action's htmx reply: the Jobs table re-reads itself on it (it may
 # not be polling: whether it polls was decided when it was last rendered).
 CHANGED_EVENT = "jobs-changed"
+STOP_POLLING = 286  # htmx: swap this reply and stop the element's "every 2s"
 EVENTS_SHOWN = 200
 ERROR_MENU_SECONDS = 30
 WORKERS_SHOWN = 50
@@ -194,7 +195,17 @@ def _seq_param(value: Any, default: int) -> int:
 
 @staff_required
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
-    job = get_object_or_404(Job, pk=job_id)
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None:
+        text = (
+            f"Job {job_id} does not exist (any more: finished jobs are purged after the "
+            "retention period)."
+        )
+        if wants_fragment(request):
+            # A detail left open on a purged job polls it: 286 tells htmx to stop.
+            context = {"level": "error", "message": text}
+            return render(request, "problems/_job_gone.html", context, status=STOP_POLLING)
+        raise Http404(text)
     context = detail_context(request, job)
     if wants_fragment(request):
         return render(request, "problems/_job_detail.html", context)
@@ -232,7 +243,7 @@ def _answer(request: HttpRequest, job_id: int, said: Any, fallback: str) -> Http
 @require_POST
 def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
     if action not in ENGINE_ACTIONS:
-        raise Http404("no such action")
+        raise Http404(f"There is no action {action[:40]!r}: pause, resume, cancel or retry.")
     if not can_act(request.user, action):
         return refuse(request, f"no-permission:{action}", f"You may not {action} jobs.")
     outcome = ENGINE_ACTIONS[action](job_id, actor=audit.actor(request))

@@ -195,6 +195,23 @@ def test_job_detail__cancel_a_running_job_and_watch_it_stop(ui, staff, workers):
     assert Job.objects.get(pk=job.pk).state == "cancelled"
 
 
+def test_job_detail__a_job_purged_while_its_page_polls_stops_it_with_a_message(ui, staff):
+    job = jobs.enqueue("durable.noop", {"units": 3})  # queued, no worker: the page polls
+    ui.login("admin", next_path=f"/problems/jobs/{job.pk}/")
+    expect(ui.page.locator("#job-detail")).to_have_attribute("data-polling", "2s")
+    ui.mark()
+    Job.objects.filter(pk=job.pk).delete()  # as retention purges a job
+    # The next poll gets 286 (htmx stops polling), not a 404 every 2 s (console errors).
+    expect(ui.page.locator("#messages")).to_contain_text(f"Job {job.pk} does not exist")
+    expect(ui.page.locator("#job-detail")).to_have_attribute("data-state", "gone")
+    expect(ui.page.locator("#job-detail")).not_to_have_attribute("hx-trigger", re.compile("."))
+    requests: list[str] = []
+    ui.page.on("request", lambda request: requests.append(request.url))
+    ui.page.wait_for_timeout(4500)  # two poll periods: nothing is asked any more
+    assert requests == []
+    assert ui.same_document()
+
+
 def test_job_detail__progress_bar_advances_while_a_worker_runs(ui, staff, workers):
     job = jobs.enqueue("durable.noop", {"units": 16, "sleep": 0.5})
     ui.login("admin", next_path=f"/problems/jobs/{job.pk}/")
