@@ -24,7 +24,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from durable import jobs as engine
 from durable.errors import DurableError, InputRejected, UnknownOperation
@@ -33,12 +33,23 @@ from durable.operations import registered
 from durable.states import JobState, OnRestart
 from recovery.models import RecoveryEvent
 
-from . import audit
-from .access import allowed_actions, can_act, can_add, refuse, request_ip, staff_required
+from . import audit, rights
+from .access import (
+    allowed_actions,
+    can_act,
+    can_add,
+    can_view,
+    count_refusal,
+    refuse,
+    request_ip,
+    staff_required,
+    start_refusal,
+    startable,
+    viewer_of,
+)
 from .actions import LABELS, PAST, describe, row_actions, summarize
 from .bulk import BATCH_SIZE
 from .bulk import OPERATION as BULK_OPERATION
-from .indexing import OPERATION as SEARCH_INDEX_OPERATION
 from .listing import JOB_FILTERS, JOB_STATES, job_filter, job_spec, jobs_listing
 from .query import PER_PAGE_MAX, parse_choice, parse_int, parse_table_query
 from .views import page_context, table_fragment, wants_fragment
@@ -57,8 +68,6 @@ STOP_POLLING = 286  # htmx: swap this reply and stop the element's "every 2s"
 EVENTS_SHOWN = 200
 ERROR_MENU_SECONDS = 30
 WORKERS_SHOWN = 50
-# Started from the Jobs page's bulk form, never from "New job" (it acts as its owner).
-NOT_NEW = frozenset({BULK_OPERATION, SEARCH_INDEX_OPERATION})
 
 
 def decorate(job: Job, allowed: frozenset[str], now: Any) -> Job:
@@ -116,7 +125,8 @@ STATE_LABELS = {
 }
 
 
-@staff_required
+@viewer_of("jobs")
+@require_safe  # a page: GET and HEAD, anything else is a 405
 def job_list(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     query = parse_table_query(request.GET, JOB_FILTERS)
@@ -183,7 +193,11 @@ def detail_context(request: HttpRequest, job: Job) -> dict[str, Any]:
         last_shown=events[-1].seq if events else None,
         holders=holders,
         errors=list(reversed(job.errors or [])),
-        recovery=list(RecoveryEvent.objects.for_job(job.pk).order_by("-id")[:20]),
+        recovery=(
+            list(RecoveryEvent.objects.for_job(job.pk).order_by("-id")[:20])
+            if can_view(request.user, "recovery")
+            else []
+        ),
         poll=job.is_active,
     )
 
@@ -193,7 +207,8 @@ def _seq_param(value: Any, default: int) -> int:
     return parse_int(value, default=default, low=1, high=max(default, 1))
 
 
-@staff_required
+@viewer_of("jobs")
+@require_safe  # a page: GET and HEAD, anything else is a 405
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = Job.objects.filter(pk=job_id).first()
     if job is None:
@@ -495,16 +510,37 @@ def _attach(error: InputRejected, form: forms.Form, options: OptionsForm) -> Non
         form.add_error(None, f"{error.field}: {error.reason}")
 
 
+def refuse_operation(
+    request: HttpRequest, name: str, refusal: str, template: str, context: dict[str, Any]
+) -> HttpResponse:
+    """403 with the page and the reason, counted in Security (``start_refusal``'s reasons)."""
+    if refusal == rights.PRIVILEGED_REFUSAL:
+        text = (
+            f"Starting {name} needs the permission {rights.PRIVILEGED_PERMISSION} "
+            "(it reads or replaces data beyond its own rows)."
+        )
+    else:
+        text = f"{name} is started by the site itself, never by hand."
+    count_refusal(request, f"no-permission:start-{refusal}", text)
+    messages.error(request, text)
+    return render(request, template, context, status=403)
+
+
 @staff_required
 def new_job(request: HttpRequest) -> HttpResponse:
+    """Only the operations this user may start are listed, and only they are accepted."""
     if not can_add(request.user):
         return refuse(request, "no-permission:add", "You may not start jobs.")
-    available = {name: op for name, op in sorted(registered().items()) if name not in NOT_NEW}
+    everything = dict(sorted(registered().items()))
+    available = startable(request.user, everything)
     source = request.POST if request.method == "POST" else request.GET
     name = source.get("operation") or ""
     operation = available.get(name)
     context = page_context(request, "new", operations=available, chosen=name if operation else "")
     if operation is None:
+        if name in everything:
+            refusal = start_refusal(request.user, everything[name]) or rights.SYSTEM_REFUSAL
+            return refuse_operation(request, name, refusal, "problems/new_job.html", context)
         if name:
             messages.error(request, f"There is no operation named {name[:100]!r}.")
         return render(request, "problems/new_job.html", context)
