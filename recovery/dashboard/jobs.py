@@ -510,17 +510,21 @@ def _attach(error: InputRejected, form: forms.Form, options: OptionsForm) -> Non
         form.add_error(None, f"{error.field}: {error.reason}")
 
 
+def refusal_text(name: str, refusal: str) -> str:
+    """Why an operation may not be started (or scheduled) by hand, for the message."""
+    if refusal == rights.PRIVILEGED_REFUSAL:
+        return (
+            f"Starting {name} needs the permission {rights.PRIVILEGED_PERMISSION} "
+            "(it reads or replaces data beyond its own rows)."
+        )
+    return f"{name} is started by the site itself, never by hand."
+
+
 def refuse_operation(
     request: HttpRequest, name: str, refusal: str, template: str, context: dict[str, Any]
 ) -> HttpResponse:
     """403 with the page and the reason, counted in Security (``start_refusal``'s reasons)."""
-    if refusal == rights.PRIVILEGED_REFUSAL:
-        text = (
-            f"Starting {name} needs the permission {rights.PRIVILEGED_PERMISSION} "
-            "(it reads or replaces data beyond its own rows)."
-        )
-    else:
-        text = f"{name} is started by the site itself, never by hand."
+    text = refusal_text(name, refusal)
     count_refusal(request, f"no-permission:start-{refusal}", text)
     messages.error(request, text)
     return render(request, template, context, status=403)

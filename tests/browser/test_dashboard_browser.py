@@ -13,6 +13,8 @@ import pytest
 
 from durable import jobs
 from durable.models import Job
+from durable.schedules.models import Schedule
+from durable.schedules.service import add_schedule
 from recovery.records import record_event, record_security
 from tests.conftest import wait_until
 
@@ -45,6 +47,8 @@ def test_every_page__renders_cleanly_and_escapes_hostile_text(ui, staff, workers
     jobs.enqueue("test.flaky", {"fail_times": 9, "error": "nonretryable", "message": "disk full"})
     paused = jobs.enqueue("durable.noop", {"units": 3})
     jobs.pause(paused.pk, actor="admin")
+    add_schedule("nightly-scan", "integrity.scan", cron="30 3 * * *",
+                 input={"target": "database", "database": "default"})  # fmt: skip
     workers.start("--operation", "durable.noop", "--operation", "test.flaky")
     started = Job.objects.filter(pk=running.pk, state="running", units_done__gt=0)
     wait_until(started.exists)
@@ -59,6 +63,9 @@ def test_every_page__renders_cleanly_and_escapes_hostile_text(ui, staff, workers
         ("jobs", "/problems/jobs/"),
         ("job-detail", f"/problems/jobs/{running.pk}/"),
         ("new-job", "/problems/jobs/new/?operation=durable.noop"),
+        ("record-event", "/problems/recovery/record/"),
+        ("schedules", "/problems/schedules/"),
+        ("new-schedule", "/problems/schedules/new/?operation=integrity.scan"),
     ]
     for name, path in pages:
         response = ui.go(path)
@@ -263,3 +270,28 @@ def test_new_job_and_a_bulk_action_through_the_forms(ui, staff):
     expect(ui.page).to_have_url(re.compile(r"/problems/jobs/\?state=queued$"))
     states = [Job.objects.get(pk=job.pk).state for job in queued]
     assert states == ["cancelled", "cancelled", "queued"]
+
+
+def test_schedules__add_one_through_the_form_then_disable_it(ui, staff):
+    ui.login("admin", next_path="/problems/jobs/")
+    ui.page.get_by_role("link", name="Schedules").first.click()
+    ui.page.get_by_role("link", name="New schedule").click()
+    ui.page.get_by_role("link", name=re.compile("durable.noop")).click()
+    ui.page.fill("input[name=schedule-name]", "every-quarter-hour")
+    ui.page.check("input[name=schedule-timing][value=interval]")
+    ui.page.fill("input[name=schedule-every]", "15 minutes")
+    ui.page.fill("textarea[name=input-input]", '{"units": 1}')
+    ui.page.get_by_role("button", name="Add schedule").click()
+    expect(ui.page.locator("#id_schedule-every-error")).to_contain_text("is not an interval")
+    ui.page.fill("input[name=schedule-every]", "15m")
+    ui.page.get_by_role("button", name="Add schedule").click()
+    expect(ui.page.locator("#messages")).to_contain_text("Schedule 'every-quarter-hour' added")
+    schedule = Schedule.objects.get(name="every-quarter-hour")
+    row = ui.page.locator(f"#schedule-{schedule.pk}")
+    expect(row).to_contain_text("every 15m")
+    expect(row.locator(".badge")).to_have_text("Enabled")
+    ui.shot("schedules")
+    row.get_by_role("button", name="Disable").click()
+    expect(ui.page.locator(f"#schedule-{schedule.pk} .badge")).to_have_text("Disabled")
+    schedule.refresh_from_db()
+    assert (schedule.enabled, schedule.next_run_at) == (False, None)

@@ -5,12 +5,16 @@ exactly one permission."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.urls import get_resolver, reverse
 
 from durable.models import Job
+from durable.schedules.models import Schedule
+from durable.schedules.service import add_schedule
 from recovery.models import RecoveryEvent, SecurityEvent
 
 pytestmark = pytest.mark.django_db
@@ -49,15 +53,21 @@ def _open(get: int, post: int) -> dict[tuple[str, str], Any]:  # login/logout: e
             for method in ("GET", "POST") for role in GENERATED_ROLES}  # fmt: skip
 
 
-def _job(job: Job) -> list[Any]:
-    return [job.pk]
+@dataclass
+class Made:
+    job: Job
+    schedule: Schedule
 
 
-def _none(job: Job) -> list[Any]:
+def _job(made: Made) -> list[Any]:
+    return [made.job.pk]
+
+
+def _none(made: Made) -> list[Any]:
     return []
 
 
-EXPECTED: dict[str, tuple[Callable[[Job], list[Any]], dict[str, Any], dict]] = {
+EXPECTED: dict[str, tuple[Callable[[Made], list[Any]], dict[str, Any], dict]] = {
     "summary": (_none, {}, _pages()),
     "recovery": (_none, {}, _pages()),
     "security": (_none, {}, _pages()),
@@ -78,7 +88,22 @@ EXPECTED: dict[str, tuple[Callable[[Job], list[Any]], dict[str, Any], dict]] = {
         {"action": "cancel", "scope": "selected", "ids": ["{job}"], "confirmed": "1"},
         _posts(),
     ),
-    "job-action": (lambda job: [job.pk, "cancel"], {}, _posts()),
+    "job-action": (lambda made: [made.job.pk, "cancel"], {}, _posts()),
+    "schedules": (_none, {}, _pages()),
+    "new-schedule": (
+        _none,
+        {
+            "operation": "durable.noop",
+            "input-input": "{}",
+            "schedule-name": "every-hour",
+            "schedule-timing": "interval",
+            "schedule-every": "1h",
+            "schedule-catch_up": "latest",
+            "schedule-enabled": "on",
+        },
+        _forms(),
+    ),
+    "schedule-change": (lambda made: [made.schedule.pk, "disable"], {}, _posts()),
     "login": (_none, {"username": "nobody", "password": "wrong"}, _open(200, 200)),
     "logout": (_none, {}, _open(405, 302)),
 }
@@ -91,7 +116,8 @@ def test_every_url_of_the_namespace_has_its_expectations():
 def effects() -> tuple:
     """What a refused request must leave as it was."""
     jobs = tuple(Job.objects.order_by("pk").values_list("pk", "state"))
-    return jobs, RecoveryEvent.objects.count()
+    schedules = tuple(Schedule.objects.order_by("pk").values_list("name", "enabled"))
+    return jobs, schedules, RecoveryEvent.objects.count()
 
 
 CASES = [
@@ -105,8 +131,9 @@ CASES = [
 @pytest.mark.parametrize(("name", "method", "role"), CASES)
 def test_access__every_url_every_method_every_role(client_for, make_job, name, method, role):
     job = make_job("running")
+    made = Made(job, add_schedule("nightly", "durable.noop", every=timedelta(hours=1)))
     args, body, expected = EXPECTED[name]
-    url = reverse(f"problems:{name}", args=args(job))
+    url = reverse(f"problems:{name}", args=args(made))
     data = {key: [str(job.pk)] if value == ["{job}"] else value for key, value in body.items()}
     client = client_for(role)
     before = effects()
