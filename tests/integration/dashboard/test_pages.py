@@ -126,6 +126,86 @@ def test_garbage_query_parameters_give_a_sane_page(admin, page, params):
         assert b"page 1 / 1" in response.content or b"page 1 /" in response.content
 
 
+GARBAGE = [
+    {"page": "-1"}, {"page": "abc"}, {"q": "\x00"}, {"q": "x" * 5000}, {"state": "bogus"},
+    {"state": ["running", "failed"]}, {"operation": "\x00"}, {"operation": "x" * 5000},
+    {"operation": "<script>alert(1)</script>"}, {"operation": ["a", "b"]}, {"error": "\x00"},
+    {"error": "%"}, {"error": "<b>"}, {"state": ""}, {"operation": ""}, {"per_page": "1e3"},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("params", GARBAGE)
+def test_jobs__garbage_filter_values_give_a_sane_page(admin, make_job, params):
+    make_job("queued")
+    for headers in ({}, HTMX):
+        response = admin.get(reverse("problems:jobs"), params, headers=headers)
+        html = response.content.decode()
+        assert response.status_code == 200, (params, html[:300])
+        assert "page 1 / 1" in html
+        assert "<script>alert" not in html
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"upto": "-1"}, {"upto": "0"}, {"upto": str(10**30)}, {"upto": "1e3"}, {"upto": ""},
+     {"upto": ["1", "2"]}, {"upto": "\x00"}, {"upto": "٣"}, {"q": "x", "page": "abc"}],
+)  # fmt: skip
+def test_job_detail__garbage_parameters_give_the_latest_events(admin, make_job, params):
+    job = make_job("running")
+    for headers in ({}, HTMX):
+        response = admin.get(reverse("problems:job", args=[job.pk]), params, headers=headers)
+        assert response.status_code == 200, params
+        assert "enqueued" in response.content.decode()
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"page": "abc"}, {"q": "\x00"}, {"state": "bogus"}, {"x": "y" * 5000}, {"per_page": "-5"}],
+)  # fmt: skip
+def test_summary__ignores_garbage_parameters(admin, make_job, params):
+    make_job("running")
+    for headers in ({}, HTMX):
+        assert admin.get(reverse("problems:summary"), params, headers=headers).status_code == 200
+
+
+def job_numbers(html: str) -> list[int]:
+    return [int(n) for n in re.findall(r'<tr id="job-(\d+)"', html)]
+
+
+def test_jobs__paging_edges(admin):
+    made = [jobs.enqueue("durable.noop", {}).pk for _ in range(25)]
+    url = reverse("problems:jobs")
+    newest_first = made[::-1]
+    last = job_numbers(admin.get(url, {"page": 3}).content.decode())
+    assert last == newest_first[20:]  # read from the oldest end, in order
+    assert job_numbers(admin.get(url, {"page": 2}).content.decode()) == newest_first[10:20]
+    assert job_numbers(admin.get(url, {"page": 99}).content.decode()) == last  # the last page
+    assert (
+        job_numbers(admin.get(url, {"per_page": 7, "page": 4}).content.decode())
+        == (newest_first[21:])
+    )
+    html = admin.get(url, {"page": 3}).content.decode()
+    assert "page 3 / 3" in html
+    assert 'rel="next"' not in html
+    assert 'rel="prev"' in html
+
+
+def test_security__paging_edges(admin):
+    for n in range(25):
+        record_security(category="probe", key=f"key-{n:02d}")
+    url = reverse("problems:security")
+
+    def keys(**params) -> list[str]:
+        return re.findall(r'<td class="c-type">key-(\d\d)', admin.get(url, params).content.decode())
+
+    newest_first = [f"{n:02d}" for n in range(24, -1, -1)]
+    assert keys() == newest_first[:10]
+    assert keys(page=3) == newest_first[20:]
+    assert keys(page=99) == newest_first[20:]
+    assert keys(per_page=7, page=4) == newest_first[21:]
+    assert "page 3 / 3" in admin.get(url, {"page": 3}).content.decode()
+
+
 def test_recovery__hostile_text_is_escaped(admin):
     record_event("<script>alert(1)</script>", detail='"><img src=x onerror=alert(1)>',
                  db="<b>db</b>", username="<svg onload=x>")  # fmt: skip
