@@ -3,12 +3,9 @@
 - Anonymous: the login page (htmx requests get ``HX-Redirect`` so the login
   page replaces the whole page, not a table).
 - Logged in but not staff (or inactive): 403 everywhere.
-- Staff: may look at every page.
-- Actions need a model permission on ``durable.Job``: ``pause_job`` (pause
-  and resume), ``cancel_job``, ``retry_job``; ``change_job`` implies all three
-  (Django's admin wording for "may change jobs"); ``add_job`` starts jobs from
-  "New job". ``recovery.add_recoveryevent`` records a Recovery event by hand.
-  Superusers have every permission.
+- Staff: what their permissions allow, by the rules in ``rights`` (look needs the
+  model's ``view_`` permission; each action, "New job", "Record event" and each
+  change of a schedule its own permission). Superusers have every permission.
 
 Refusals of logged-in users are counted in the Security report (one row per
 kind: category ``dashboard``), so someone probing for what they may do shows up.
@@ -22,24 +19,19 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils.cache import add_never_cache_headers, patch_vary_headers
 from django_htmx.http import HttpResponseClientRedirect
 
+from durable.operations import Operation
 from recovery.records import record_security
 
+from . import rights
 from .clientip import client_ip
 
-ACTION_PERMISSIONS = {
-    "pause": "durable.pause_job",
-    "resume": "durable.pause_job",
-    "cancel": "durable.cancel_job",
-    "retry": "durable.retry_job",
-}
-CHANGE_PERMISSION = "durable.change_job"
-ADD_PERMISSION = "durable.add_job"
-RECORD_PERMISSION = "recovery.add_recoveryevent"  # "Record event" on the Recovery page
+AREA_NAMES = {"jobs": "jobs", "recovery": "Recovery events", "security": "the Security report",
+              "schedules": "schedules"}  # fmt: skip
 
 
 def request_ip(request: HttpRequest) -> str | None:
@@ -55,24 +47,55 @@ def is_staff(user: Any) -> bool:
     return bool(user.is_authenticated and user.is_active and user.is_staff)
 
 
+def held(user: Any) -> frozenset[str]:
+    """The permissions ``user`` holds on the dashboard: none unless an active staff user."""
+    if not is_staff(user):
+        return frozenset()
+    return frozenset(user.get_all_permissions())  # cached on the user for the request
+
+
+def can_view(user: Any, area: str) -> bool:
+    """May ``user`` look at ``area`` (jobs, recovery, security, schedules)?"""
+    return rights.may_view(held(user), area)
+
+
 def can_act(user: Any, action: str) -> bool:
     """May ``user`` apply ``action`` (pause, resume, cancel, retry) to jobs?"""
-    permission = ACTION_PERMISSIONS.get(action)
-    if permission is None or not is_staff(user):
-        return False
-    return user.has_perm(permission) or user.has_perm(CHANGE_PERMISSION)
+    return rights.may_act(held(user), action)
 
 
 def can_add(user: Any) -> bool:
-    return is_staff(user) and user.has_perm(ADD_PERMISSION)
+    return rights.may_add(held(user))
 
 
 def can_record(user: Any) -> bool:
-    return is_staff(user) and user.has_perm(RECORD_PERMISSION)
+    return rights.may_record(held(user))
+
+
+def can_change_schedules(user: Any, change: str) -> bool:
+    return rights.may_change_schedules(held(user), change)
+
+
+def start_refusal(user: Any, operation: Operation) -> str | None:
+    """Why ``user`` may not start (or schedule) ``operation`` by hand; None if they may."""
+    return rights.start_refusal(held(user), operation)
+
+
+def startable(user: Any, operations: dict[str, Operation]) -> dict[str, Operation]:
+    """The operations ``user`` may start by hand, by name."""
+    perms = held(user)
+    return {name: op for name, op in operations.items() if not rights.start_refusal(perms, op)}
 
 
 def allowed_actions(user: Any) -> frozenset[str]:
-    return frozenset(action for action in ACTION_PERMISSIONS if can_act(user, action))
+    perms = held(user)
+    return frozenset(a for a in rights.ACTION_PERMISSIONS if rights.may_act(perms, a))
+
+
+def visible_areas(user: Any) -> dict[str, bool]:
+    """``{"jobs": True, "recovery": False, …}``: what the menu and the Summary show."""
+    perms = held(user)
+    return {area: rights.may_view(perms, area) for area in rights.VIEW_PERMISSIONS}
 
 
 def dashboard_headers(response: HttpResponse) -> HttpResponse:
@@ -85,22 +108,57 @@ def dashboard_headers(response: HttpResponse) -> HttpResponse:
     return response
 
 
-def refuse(request: HttpRequest, key: str, message: str) -> HttpResponse:
-    """403 with a readable page (or fragment), counted in the Security report."""
-    user = request.user
+def count_refusal(request: HttpRequest, key: str, message: str, *, cwe: int = 285) -> None:
+    """One more on the Security report's row ``dashboard`` / ``key`` (who, from where)."""
+    user = getattr(request, "user", None)
     record_security(
         category="dashboard",
         key=key,
         detail=f"{request.method} {request.path[:200]}: {message}",
         severity="warning",
-        cwe=285,  # improper authorization
+        cwe=cwe,  # 285: improper authorization; 352: cross-site request forgery
         source="dashboard",
         user_id=getattr(user, "pk", "") or "",
         username=getattr(user, "get_username", lambda: "")(),
         ip=request_ip(request),
     )
+
+
+def refuse(request: HttpRequest, key: str, message: str) -> HttpResponse:
+    """403 with a readable page (or fragment), counted in the Security report."""
+    count_refusal(request, key, message)
     template = "problems/_message.html" if request.htmx else "problems/403.html"
     response = render(request, template, {"level": "error", "message": message}, status=403)
+    return dashboard_headers(response)
+
+
+def not_found(request: HttpRequest, message: str) -> HttpResponse:
+    """404 as the message (htmx puts 4xx replies in #messages) or as a small page."""
+    context = {"level": "error", "message": message, "title": "Not found"}
+    template = "problems/_message.html" if request.htmx else "problems/error.html"
+    return render(request, template, context, status=404)
+
+
+CSRF_MESSAGE = (
+    "This form's security token is missing or out of date (signed out, or signed in again "
+    "in another tab?). Reload the page and try again."
+)
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """``CSRF_FAILURE_VIEW``: a refused POST says why in the dashboard's own words.
+
+    Django's page has an inline ``<style>`` (a CSP violation in the console) and,
+    to htmx, is a whole document swapped into the message area. htmx gets the
+    message fragment instead; a plain form post gets a small page. Counted in the
+    Security report: a forged request and a stale tab look alike from here.
+    """
+    count_refusal(request, "csrf-failed", reason or "CSRF check failed", cwe=352)
+    context = {"level": "error", "message": CSRF_MESSAGE, "title": "Not accepted"}
+    if getattr(request, "htmx", False):
+        response = render(request, "problems/_message.html", context, status=403)
+    else:
+        response = render(request, "problems/error.html", context, status=403)
     return dashboard_headers(response)
 
 
@@ -119,6 +177,30 @@ def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespo
             return dashboard_headers(redirect_to_login(request.get_full_path()))
         if not is_staff(user):
             return refuse(request, "not-staff", "This dashboard is for staff users only.")
-        return dashboard_headers(view(request, *args, **kwargs))
+        try:
+            response = view(request, *args, **kwargs)
+        except Http404 as missing:  # with this page's headers too (Vary, no-store)
+            response = not_found(request, str(missing) or "There is nothing at this address.")
+        return dashboard_headers(response)
 
     return wrapper
+
+
+def viewer_of(area: str) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
+    """Wrap a page of ``area``: staff only (``staff_required``), and its view permission."""
+    permission = rights.VIEW_PERMISSIONS[area][0]
+
+    def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if not can_view(request.user, area):
+                return refuse(
+                    request,
+                    f"no-permission:view-{area}",
+                    f"You may not view {AREA_NAMES[area]} ({permission}).",
+                )
+            return view(request, *args, **kwargs)
+
+        return staff_required(wrapper)
+
+    return decorate

@@ -21,6 +21,7 @@ from .access import request_ip
 ACTION_EVENT = "job-action"  # one job or selected rows, applied at once
 BULK_EVENT = "job-bulk-action"  # everything matching a filter, as a durable job
 CREATED_EVENT = "job-created"  # "New job"
+# Schedules: see recovery.dashboard.schedules (schedule-created, schedule-action).
 
 
 def actor(request: HttpRequest) -> str:
@@ -35,6 +36,7 @@ def record_action(
     detail: str,
     done: bool,
     job_ids: Sequence[int] = (),
+    object_ids: Sequence[str] | None = None,
     titles: Sequence[str] = (),
     job_id: int | None = None,
     operation: str = "",
@@ -51,7 +53,7 @@ def record_action(
         user_id=user.pk,
         username=user.get_username(),
         ip=request_ip(request),
-        object_ids=[str(i) for i in job_ids],
+        object_ids=list(object_ids) if object_ids is not None else [str(i) for i in job_ids],
         object_titles=list(titles) if titles else None,
         job_id=job_id,
         operation=operation,

@@ -30,7 +30,7 @@ from django.utils import timezone
 from durable import jobs as engine
 from durable.errors import InputRejected, NonRetryable
 from durable.models import Job, UnitResult
-from durable.operations import JobContext, Operation, Unit, register
+from durable.operations import Access, JobContext, Operation, Unit, register
 from durable.states import Action
 from recovery.records import record_event
 
@@ -50,6 +50,7 @@ class BulkAction(Operation):
     name = OPERATION
     label = "Bulk action on jobs"
     description = "Applies one action to every job matching a Jobs-page filter, in batches."
+    access = Access.SYSTEM  # enqueued by the site itself, never from New job or the API
     atomic_units = True  # its only side effects are rows in this database
     max_attempts = 5
     backoff_base, backoff_max = 1.0, 60.0

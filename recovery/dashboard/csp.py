@@ -25,7 +25,8 @@ DEFAULT_POLICY = (
 class ContentSecurityPolicyMiddleware:
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
-        self.policy = getattr(settings, "CONTENT_SECURITY_POLICY", DEFAULT_POLICY)
+        configured = getattr(settings, "CONTENT_SECURITY_POLICY", None)
+        self.policy = DEFAULT_POLICY if configured is None else configured
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         response = self.get_response(request)

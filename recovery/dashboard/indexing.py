@@ -19,7 +19,7 @@ from durable import signals
 from durable.errors import DurableError
 from durable.jobs import enqueue
 from durable.models import Job
-from durable.operations import JobContext, Operation, Unit, register
+from durable.operations import Access, JobContext, Operation, Unit, register
 
 from . import sql
 
@@ -39,6 +39,7 @@ class SearchIndex(Operation):
     name = OPERATION
     label = "Catch up the Recovery search index"
     description = "Indexes and counts new Recovery events in bulk (SQLite)."
+    access = Access.SYSTEM  # enqueued by the site itself, never from New job or the API
     atomic_units = True  # index rows, counts and cursor commit with the checkpoint
     max_attempts = 10
 

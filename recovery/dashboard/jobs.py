@@ -10,6 +10,7 @@ message; plain form posts are redirected back with the message.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -19,11 +20,11 @@ from django.core.cache import cache
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import Count, Max
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from durable import jobs as engine
 from durable.errors import DurableError, InputRejected, UnknownOperation
@@ -32,15 +33,26 @@ from durable.operations import registered
 from durable.states import JobState, OnRestart
 from recovery.models import RecoveryEvent
 
-from . import audit
-from .access import allowed_actions, can_act, can_add, refuse, request_ip, staff_required
+from . import audit, rights
+from .access import (
+    allowed_actions,
+    can_act,
+    can_add,
+    can_view,
+    count_refusal,
+    refuse,
+    request_ip,
+    staff_required,
+    start_refusal,
+    startable,
+    viewer_of,
+)
 from .actions import LABELS, PAST, describe, row_actions, summarize
 from .bulk import BATCH_SIZE
 from .bulk import OPERATION as BULK_OPERATION
-from .indexing import OPERATION as SEARCH_INDEX_OPERATION
 from .listing import JOB_FILTERS, JOB_STATES, job_filter, job_spec, jobs_listing
 from .query import PER_PAGE_MAX, parse_choice, parse_int, parse_table_query
-from .views import page_context, wants_fragment
+from .views import page_context, table_fragment, wants_fragment
 
 ACTIVE_STATES = frozenset({JobState.QUEUED, JobState.RUNNING, JobState.CANCELLING})
 ENGINE_ACTIONS = {
@@ -49,11 +61,13 @@ ENGINE_ACTIONS = {
     "cancel": engine.cancel,
     "retry": engine.retry_now,
 }
+# Sent with every action's htmx reply: the Jobs table re-reads itself on it (it may
+# not be polling: whether it polls was decided when it was last rendered).
+CHANGED_EVENT = "jobs-changed"
+STOP_POLLING = 286  # htmx: swap this reply and stop the element's "every 2s"
 EVENTS_SHOWN = 200
 ERROR_MENU_SECONDS = 30
 WORKERS_SHOWN = 50
-# Started from the Jobs page's bulk form, never from "New job" (it acts as its owner).
-NOT_NEW = frozenset({BULK_OPERATION, SEARCH_INDEX_OPERATION})
 
 
 def decorate(job: Job, allowed: frozenset[str], now: Any) -> Job:
@@ -111,7 +125,8 @@ STATE_LABELS = {
 }
 
 
-@staff_required
+@viewer_of("jobs")
+@require_safe  # a page: GET and HEAD, anything else is a 405
 def job_list(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     query = parse_table_query(request.GET, JOB_FILTERS)
@@ -125,12 +140,13 @@ def job_list(request: HttpRequest) -> HttpResponse:
         query=query,
         listing=listing,
         poll=any(job.is_active for job in listing.rows),
+        refresh_on=f"{CHANGED_EVENT} from:body",
         noun=("job", "jobs"),
         bulk_actions=[(action, LABELS[action]) for action in PAST if action in allowed],
         upto=Job.objects.aggregate(top=Max("id"))["top"] or 0,
     )
     if wants_fragment(request):
-        return render(request, "problems/_jobs_results.html", context)
+        return table_fragment(request, "problems/_jobs_results.html", context, query)
     context.update(
         states=[(state, STATE_LABELS[state]) for state in JOB_STATES],
         operations=operation_choices(),
@@ -143,9 +159,18 @@ def job_list(request: HttpRequest) -> HttpResponse:
 
 
 def detail_context(request: HttpRequest, job: Job) -> dict[str, Any]:
+    """What the detail shows, with its URLs built from the job, never from the request.
+
+    The same template answers a GET and an action's POST (htmx swaps the detail
+    in place): a poll URL taken from the request would be the action's URL, which
+    answers GET with 405 — every 2 s, for as long as the page stays open.
+    """
     now = timezone.now()
     decorate(job, allowed_actions(request.user), now)
     upto = _seq_param(request.GET.get("upto"), job.event_seq)
+    detail_url = reverse("problems:job", args=[job.pk])
+    # "Earlier events" keeps its place while it polls; the latest events need no ?upto=.
+    here = f"{detail_url}?upto={upto}" if upto < job.event_seq else detail_url
     events = list(job.events.filter(seq__lte=upto).order_by("-seq")[:EVENTS_SHOWN])[::-1]
     started = job.events.filter(kind="started").order_by("-seq")[:WORKERS_SHOWN]
     holders = [
@@ -162,11 +187,17 @@ def detail_context(request: HttpRequest, job: Job) -> dict[str, Any]:
         "jobs",
         job=job,
         events=events,
+        detail_url=detail_url,
+        here=here,
         earlier=events[0].seq - 1 if events and events[0].seq > 1 else None,
         last_shown=events[-1].seq if events else None,
         holders=holders,
         errors=list(reversed(job.errors or [])),
-        recovery=list(RecoveryEvent.objects.for_job(job.pk).order_by("-id")[:20]),
+        recovery=(
+            list(RecoveryEvent.objects.for_job(job.pk).order_by("-id")[:20])
+            if can_view(request.user, "recovery")
+            else []
+        ),
         poll=job.is_active,
     )
 
@@ -176,9 +207,20 @@ def _seq_param(value: Any, default: int) -> int:
     return parse_int(value, default=default, low=1, high=max(default, 1))
 
 
-@staff_required
+@viewer_of("jobs")
+@require_safe  # a page: GET and HEAD, anything else is a 405
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
-    job = get_object_or_404(Job, pk=job_id)
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None:
+        text = (
+            f"Job {job_id} does not exist (any more: finished jobs are purged after the "
+            "retention period)."
+        )
+        if wants_fragment(request):
+            # A detail left open on a purged job polls it: 286 tells htmx to stop.
+            context = {"level": "error", "message": text}
+            return render(request, "problems/_job_gone.html", context, status=STOP_POLLING)
+        raise Http404(text)
     context = detail_context(request, job)
     if wants_fragment(request):
         return render(request, "problems/_job_detail.html", context)
@@ -196,23 +238,27 @@ def _answer(request: HttpRequest, job_id: int, said: Any, fallback: str) -> Http
     job = Job.objects.filter(pk=job_id).first()
     message = {"level": said.level, "message": said.text}
     if job is None:
-        return render(request, "problems/_message_oob.html", message)
-    if request.POST.get("render") == "detail":
+        response = render(request, "problems/_message_oob.html", message)
+    elif request.POST.get("render") == "detail":
         context = detail_context(request, job)
         context.update(message)
-        return render(request, "problems/_job_detail_oob.html", context)
-    context = page_context(
-        request, "jobs", job=decorate(job, allowed_actions(request.user), timezone.now())
-    )
-    context.update(message)
-    return render(request, "problems/_job_row_oob.html", context)
+        response = render(request, "problems/_job_detail_oob.html", context)
+    else:
+        context = page_context(
+            request, "jobs", job=decorate(job, allowed_actions(request.user), timezone.now())
+        )
+        context.update(message)
+        response = render(request, "problems/_job_row_oob.html", context)
+    # After the swap settles (the button's request no longer holds #results' sync lock).
+    response["HX-Trigger-After-Settle"] = CHANGED_EVENT
+    return response
 
 
 @staff_required
 @require_POST
 def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
     if action not in ENGINE_ACTIONS:
-        raise Http404("no such action")
+        raise Http404(f"There is no action {action[:40]!r}: pause, resume, cancel or retry.")
     if not can_act(request.user, action):
         return refuse(request, f"no-permission:{action}", f"You may not {action} jobs.")
     outcome = ENGINE_ACTIONS[action](job_id, actor=audit.actor(request))
@@ -340,6 +386,22 @@ def _bulk_selected(request: HttpRequest, action: str, ids: list[int], back: str)
     return redirect(back)
 
 
+def bulk_key(user_id: Any, action: str, spec: dict[str, str], upto: int) -> str:
+    """The unique key of one confirmed "apply to all matching": who, what, which jobs.
+
+    A confirmation submitted twice (a double click, a reload, the back button) gets
+    the first job back while it is unfinished, instead of a second job and a second
+    audit event. Once it finished, the same confirmation runs again (harmlessly:
+    every job is "already so").
+    """
+    identity = json.dumps(
+        {"user": user_id, "action": action, "filter": spec, "upto": upto},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return f"bulk:{hashlib.sha256(identity.encode()).hexdigest()[:48]}"
+
+
 def _bulk_filter(
     request: HttpRequest, action: str, spec: dict[str, str], upto: int, count: int, back: str
 ) -> HttpResponse:
@@ -357,7 +419,13 @@ def _bulk_filter(
             "ip": request_ip(request) or "",
         },
         owner=audit.actor(request),
+        unique_key=bulk_key(request.user.pk, action, spec, upto),
     )
+    if not job.created:
+        messages.info(
+            request, f"Already queued as job {job.pk} ({job.state}): its progress is below."
+        )
+        return redirect("problems:job", job.pk)
     audit.record_action(
         request,
         audit.BULK_EVENT,
@@ -442,16 +510,41 @@ def _attach(error: InputRejected, form: forms.Form, options: OptionsForm) -> Non
         form.add_error(None, f"{error.field}: {error.reason}")
 
 
+def refusal_text(name: str, refusal: str) -> str:
+    """Why an operation may not be started (or scheduled) by hand, for the message."""
+    if refusal == rights.PRIVILEGED_REFUSAL:
+        return (
+            f"Starting {name} needs the permission {rights.PRIVILEGED_PERMISSION} "
+            "(it reads or replaces data beyond its own rows)."
+        )
+    return f"{name} is started by the site itself, never by hand."
+
+
+def refuse_operation(
+    request: HttpRequest, name: str, refusal: str, template: str, context: dict[str, Any]
+) -> HttpResponse:
+    """403 with the page and the reason, counted in Security (``start_refusal``'s reasons)."""
+    text = refusal_text(name, refusal)
+    count_refusal(request, f"no-permission:start-{refusal}", text)
+    messages.error(request, text)
+    return render(request, template, context, status=403)
+
+
 @staff_required
 def new_job(request: HttpRequest) -> HttpResponse:
+    """Only the operations this user may start are listed, and only they are accepted."""
     if not can_add(request.user):
         return refuse(request, "no-permission:add", "You may not start jobs.")
-    available = {name: op for name, op in sorted(registered().items()) if name not in NOT_NEW}
+    everything = dict(sorted(registered().items()))
+    available = startable(request.user, everything)
     source = request.POST if request.method == "POST" else request.GET
     name = source.get("operation") or ""
     operation = available.get(name)
     context = page_context(request, "new", operations=available, chosen=name if operation else "")
     if operation is None:
+        if name in everything:
+            refusal = start_refusal(request.user, everything[name]) or rights.SYSTEM_REFUSAL
+            return refuse_operation(request, name, refusal, "problems/new_job.html", context)
         if name:
             messages.error(request, f"There is no operation named {name[:100]!r}.")
         return render(request, "problems/new_job.html", context)

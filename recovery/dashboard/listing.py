@@ -404,7 +404,7 @@ def job_filter(queryset: QuerySet, spec: dict[str, str], now: datetime) -> Query
     Shared by the list, the bulk-action confirmation and the bulk-action job,
     so "everything matching the current filter" means the same everywhere.
     ``q`` is a job id (``42`` or ``#42``) or a literal piece of the operation
-    name or the owner.
+    name, the owner or the lease owner (the worker holding it: ``host:pid:…``).
     """
     state = spec.get("state") or "all"
     if state == "active":
@@ -419,7 +419,9 @@ def job_filter(queryset: QuerySet, spec: dict[str, str], now: datetime) -> Query
         queryset = queryset.filter(last_error_class=spec["error"])
     text = (spec.get("q") or "").strip()
     if text:
-        condition = Q(operation__icontains=text) | Q(owner__icontains=text)
+        condition = (
+            Q(operation__icontains=text) | Q(owner__icontains=text) | Q(lease_owner__icontains=text)
+        )
         digits = text.removeprefix("#")
         if digits.isascii() and digits.isdigit() and len(digits) <= 18:
             condition |= Q(pk=int(digits))

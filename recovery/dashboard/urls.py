@@ -2,7 +2,7 @@
 
 from django.urls import path, register_converter
 
-from . import jobs, record, views
+from . import jobs, record, schedules, views
 
 
 class JobId:
@@ -31,6 +31,13 @@ urlpatterns = [
     path("jobs/bulk/", jobs.bulk, name="bulk"),
     path("jobs/<job:job_id>/", jobs.job_detail, name="job"),
     path("jobs/<job:job_id>/<slug:action>/", jobs.job_action, name="job-action"),
+    path("schedules/", schedules.schedule_list, name="schedules"),
+    path("schedules/new/", schedules.new_schedule, name="new-schedule"),
+    path(
+        "schedules/<job:schedule_id>/<slug:change>/",
+        schedules.schedule_change,
+        name="schedule-change",
+    ),
     path("login/", views.LoginView.as_view(), name="login"),
     path("logout/", views.LogoutView.as_view(), name="logout"),
 ]

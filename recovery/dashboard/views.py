@@ -17,13 +17,23 @@ from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
+from django.views.decorators.http import require_safe
 
 from durable.models import Job
 from durable.states import JobState
 from recovery.models import SecurityEvent
 
 from . import chart as charts
-from .access import allowed_actions, can_add, can_record, staff_required
+from .access import (
+    allowed_actions,
+    can_add,
+    can_change_schedules,
+    can_record,
+    refuse,
+    staff_required,
+    viewer_of,
+    visible_areas,
+)
 from .listing import (
     RECOVERY_FILTERS,
     RECOVERY_STATUSES,
@@ -35,7 +45,7 @@ from .listing import (
     recovery_totals,
     security_listing,
 )
-from .query import PER_PAGE_MAX, parse_table_query
+from .query import PER_PAGE_MAX, TableQuery, parse_table_query
 
 PER_PAGE_CHOICES = (10, 25, 50, PER_PAGE_MAX)
 SUMMARY_ROWS = 10
@@ -46,13 +56,34 @@ def wants_fragment(request: HttpRequest) -> bool:
     return bool(request.htmx) and not request.htmx.history_restore_request
 
 
+TOOLBAR_ID = "toolbar"  # the search form of the table pages (table_page.html)
+
+
+def table_fragment(
+    request: HttpRequest, template: str, context: dict[str, Any], query: TableQuery
+) -> HttpResponse:
+    """A table page's results; to the toolbar, with the canonical address to push.
+
+    The form's own URL lists every field, defaults included
+    (``?q=&status=all&per_page=10``); the address bar should show the short,
+    canonical one the links use, so equal pages have equal addresses.
+    """
+    response = render(request, template, context)
+    if request.htmx.trigger == TOOLBAR_ID:
+        params = query.params()
+        response["HX-Push-Url"] = f"{request.path}?{params}" if params else request.path
+    return response
+
+
 def page_context(request: HttpRequest, section: str, **extra: Any) -> dict[str, Any]:
     user = request.user
     return {
         "section": section,
         "now": timezone.now(),
+        "may_view": visible_areas(user),
         "may_add": can_add(user),
         "may_record": can_record(user),
+        "may_add_schedule": can_change_schedules(user, "add"),
         "allowed": allowed_actions(user),
         "per_page_choices": PER_PAGE_CHOICES,
         **extra,
@@ -81,25 +112,35 @@ def in_progress() -> list[Job]:
 
 
 @staff_required
+@require_safe  # a page: GET and HEAD, anything else is a 405
 def summary(request: HttpRequest) -> HttpResponse:
+    """Only the sections the user may look at (and only their queries are run)."""
     now = timezone.now()
-    running = in_progress()
+    shown = visible_areas(request.user)
     if wants_fragment(request):
-        context = page_context(request, "summary", running=running)
+        if not shown["jobs"]:
+            return refuse(
+                request, "no-permission:view-jobs", "You may not view jobs (durable.view_job)."
+            )
+        context = page_context(request, "summary", running=in_progress())
         return render(request, "problems/_in_progress.html", context)
-    counts = job_counts()
-    context = page_context(
-        request,
-        "summary",
-        running=running,
-        counts=counts,
-        in_progress_total=counts[JobState.RUNNING] + counts[JobState.CANCELLING],
-        retrying=Job.objects.retrying(now).count(),
-        problems=recent_problems(SUMMARY_ROWS),
-        security=list(SecurityEvent.objects.top()[:5]),
-        chart=events_per_day(now.date()),
-        totals=recovery_totals(),
-    )
+    context = page_context(request, "summary", shown=shown)
+    if shown["jobs"]:
+        counts = job_counts()
+        context.update(
+            running=in_progress(),
+            counts=counts,
+            in_progress_total=counts[JobState.RUNNING] + counts[JobState.CANCELLING],
+            retrying=Job.objects.retrying(now).count(),
+        )
+    if shown["recovery"]:
+        context.update(
+            problems=recent_problems(SUMMARY_ROWS),
+            chart=events_per_day(now.date()),
+            totals=recovery_totals(),
+        )
+    if shown["security"]:
+        context.update(security=list(SecurityEvent.objects.top()[:5]))
     return render(request, "problems/summary.html", context)
 
 
@@ -109,7 +150,8 @@ STATUS_LABELS = {"all": "All", "done": "Done", "failed": "Failed", "deleted": "D
 SEVERITY_LABELS = {"all": "All", "info": "Info", "warning": "Warning", "error": "Error"}
 
 
-@staff_required
+@viewer_of("recovery")
+@require_safe  # a page: GET and HEAD, anything else is a 405
 def recovery(request: HttpRequest) -> HttpResponse:
     query = parse_table_query(request.GET, RECOVERY_FILTERS)
     listing = recovery_listing(query)
@@ -123,11 +165,12 @@ def recovery(request: HttpRequest) -> HttpResponse:
         noun=("event", "events"),
     )
     if wants_fragment(request):
-        return render(request, "problems/_recovery_results.html", context)
+        return table_fragment(request, "problems/_recovery_results.html", context, query)
     return render(request, "problems/recovery.html", context)
 
 
-@staff_required
+@viewer_of("security")
+@require_safe  # a page: GET and HEAD, anything else is a 405
 def security(request: HttpRequest) -> HttpResponse:
     query = parse_table_query(request.GET, SECURITY_FILTERS)
     listing = security_listing(query)
@@ -140,7 +183,7 @@ def security(request: HttpRequest) -> HttpResponse:
         noun=("kind of refusal", "kinds of refusal"),
     )
     if wants_fragment(request):
-        return render(request, "problems/_security_results.html", context)
+        return table_fragment(request, "problems/_security_results.html", context, query)
     return render(request, "problems/security.html", context)
 
 

@@ -15,29 +15,50 @@ from durable.models import Job
 from durable.operations import registered
 from tests.integration.helpers import drain
 
-# role -> (is_staff, permission codenames on durable.Job, is_superuser)
+VIEW_ALL = ("durable.view_job", "recovery.view_recoveryevent", "recovery.view_securityevent",
+            "durable.view_schedule")  # fmt: skip
+EVERY_RIGHT = (*VIEW_ALL, "durable.pause_job", "durable.cancel_job", "durable.retry_job",
+               "durable.add_job", "durable.start_privileged_job", "recovery.add_recoveryevent",
+               "durable.add_schedule", "durable.change_schedule",
+               "durable.delete_schedule")  # fmt: skip
+PRIVILEGED = "durable.start_privileged_job"
+SCHEDULER = ("durable.view_schedule", "durable.add_schedule", "durable.change_schedule",
+             "durable.delete_schedule", "durable.view_job")  # fmt: skip
+# role -> (is_staff, permissions as "app_label.codename", is_superuser)
 ROLES: dict[str, tuple[bool, tuple[str, ...], bool]] = {
-    "nonstaff": (False, ("pause_job", "cancel_job", "retry_job", "add_job"), False),
-    "readonly": (True, (), False),
-    "pauser": (True, ("pause_job",), False),
-    "canceller": (True, ("cancel_job",), False),
-    "retrier": (True, ("retry_job",), False),
-    "adder": (True, ("add_job",), False),
-    "changer": (True, ("change_job",), False),
+    "nonstaff": (False, EVERY_RIGHT, False),  # every permission, but not staff: nothing
+    "noview": (True, (), False),  # staff without any permission: an empty Summary
+    "readonly": (True, VIEW_ALL, False),  # looks at everything, changes nothing
+    "pauser": (True, ("durable.view_job", "durable.pause_job"), False),
+    "canceller": (True, ("durable.view_job", "durable.cancel_job"), False),
+    "retrier": (True, ("durable.view_job", "durable.retry_job"), False),
+    "blindretrier": (True, ("durable.retry_job",), False),  # may retry, may not look: neither
+    "adder": (True, ("durable.view_job", "durable.add_job"), False),
+    "privileged": (True, ("durable.view_job", "durable.add_job", PRIVILEGED), False),
+    "changer": (True, ("durable.change_job",), False),  # change implies view, as in the admin
+    "recorder": (True, ("recovery.view_recoveryevent", "recovery.add_recoveryevent"), False),
+    "scheduler": (True, SCHEDULER, False),
+    "operator": (True, EVERY_RIGHT, False),  # every right one by one, not a superuser
     "admin": (True, (), True),
 }
+
+
+def permissions(names: tuple[str, ...]) -> list[Permission]:
+    found = []
+    for name in names:
+        app_label, codename = name.split(".")
+        found.append(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    return found
 
 
 @pytest.fixture
 def make_user(db) -> Callable[..., User]:
     def make(role: str, name: str | None = None) -> User:
-        staff, codenames, superuser = ROLES[role]
+        staff, names, superuser = ROLES[role]
         user = User.objects.create_user(
             name or role, password="pw", is_staff=staff, is_superuser=superuser
         )
-        perms = Permission.objects.filter(content_type__app_label="durable", codename__in=codenames)
-        assert perms.count() == len(codenames), "a permission is missing from the migration"
-        user.user_permissions.set(perms)
+        user.user_permissions.set(permissions(names))  # a missing one raises DoesNotExist
         return user
 
     return make

@@ -6,10 +6,12 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.contrib.auth.models import User
 from django.contrib.messages import get_messages
 from django.test import override_settings
 from django.urls import reverse
 
+from durable import jobs as jobs_module
 from durable.models import Job, JobEvent
 from recovery.dashboard import bulk as bulk_module
 from recovery.models import RecoveryEvent
@@ -121,6 +123,36 @@ def test_action__htmx_from_the_detail_page_gets_the_detail(admin, make_job):
     assert html.lstrip().startswith('<section id="job-detail"')
     assert "badge big state-queued" in html
     assert 'hx-trigger="every 2s"' in html  # queued again: the detail polls
+
+
+@pytest.mark.parametrize(
+    ("state", "action"),
+    [("paused", "resume"), ("running", "cancel"), ("failed", "retry"), ("running", "pause")],
+)
+def test_action__the_detail_it_answers_polls_the_job_not_the_action(admin, make_job, state, action):
+    job = make_job(state)
+    response = act(admin, job, action, data={"render": "detail"}, headers=HTMX)
+    html = response.content.decode()
+    detail = reverse("problems:job", args=[job.pk])
+    section = html.split(">", 1)[0]
+    if Job.objects.get(pk=job.pk).state in ("queued", "running", "cancelling"):
+        assert f'hx-get="{detail}"' in section  # a GET of the action URL would be a 405
+    assert f"/{action}/" not in section
+    assert set(re.findall(r'name="next" value="([^"]*)"', html)) <= {detail}
+    assert admin.get(detail, headers=HTMX).status_code == 200
+
+
+def test_job_detail__earlier_events_and_its_poll_keep_their_place(admin, make_job):
+    job = make_job("running")
+    for n in range(210):
+        jobs_module.pause(job.pk) if n % 2 == 0 else jobs_module.resume(job.pk)
+    detail = reverse("problems:job", args=[job.pk])
+    older = admin.get(detail, {"upto": "5"}).content.decode()
+    assert f'hx-get="{detail}?upto=5"' in older
+    latest = admin.get(detail).content.decode()
+    assert f'hx-get="{detail}"' in latest
+    seq = Job.objects.get(pk=job.pk).event_seq
+    assert f'href="{detail}?upto={seq - 200}"' in latest  # "Earlier events"
 
 
 def test_action__refused_by_htmx_keeps_the_row_and_says_why(admin, make_job):
@@ -238,6 +270,26 @@ def test_bulk_filter__runs_as_a_durable_job_in_batches(admin, make_job, monkeypa
     assert 'max="4" value="4"' in page
 
 
+def test_bulk_filter__a_confirmation_sent_twice_queues_one_job(admin, make_job):
+    queued = [make_job("queued") for _ in range(3)]
+    data = {"action": "pause", "scope": "filter", "filter_state": "queued",
+            "upto": str(queued[-1].pk), "confirmed": "1"}  # fmt: skip
+    first = admin.post(reverse("problems:bulk"), data)
+    second = admin.post(reverse("problems:bulk"), data, follow=True)
+    bulk_job = Job.objects.get(operation="recovery.bulk_action")
+    assert first["Location"] == reverse("problems:job", args=[bulk_job.pk])
+    assert second.redirect_chain[-1][0] == reverse("problems:job", args=[bulk_job.pk])
+    assert f"Already queued as job {bulk_job.pk}" in second.content.decode()
+    assert RecoveryEvent.objects.filter(type="job-bulk-action").count() == 1
+    # Another action, filter or user is another job.
+    admin.post(reverse("problems:bulk"), {**data, "action": "cancel"})
+    admin.post(reverse("problems:bulk"), {**data, "filter_q": "noop"})
+    client_for_other = admin.__class__()
+    client_for_other.force_login(User.objects.create_superuser("other", "", "pw"))
+    client_for_other.post(reverse("problems:bulk"), data)
+    assert Job.objects.filter(operation="recovery.bulk_action").count() == 4
+
+
 def test_bulk_filter__nothing_matching_enqueues_nothing(admin, make_job):
     make_job("paused")
     data = {"action": "resume", "scope": "filter", "filter_state": "failed", "confirmed": "1"}
@@ -271,9 +323,9 @@ def test_bulk_filter__cannot_be_started_from_new_job(client_for):
     response = client.post(
         reverse("problems:new-job"),
         {"operation": "recovery.bulk_action", "input-input": "{}"},
-        follow=True,
     )
-    assert "no operation named" in response.content.decode()
+    assert response.status_code == 403
+    assert "recovery.bulk_action is started by the site itself" in response.content.decode()
     assert not Job.objects.exists()
 
 

@@ -126,6 +126,86 @@ def test_garbage_query_parameters_give_a_sane_page(admin, page, params):
         assert b"page 1 / 1" in response.content or b"page 1 /" in response.content
 
 
+GARBAGE = [
+    {"page": "-1"}, {"page": "abc"}, {"q": "\x00"}, {"q": "x" * 5000}, {"state": "bogus"},
+    {"state": ["running", "failed"]}, {"operation": "\x00"}, {"operation": "x" * 5000},
+    {"operation": "<script>alert(1)</script>"}, {"operation": ["a", "b"]}, {"error": "\x00"},
+    {"error": "%"}, {"error": "<b>"}, {"state": ""}, {"operation": ""}, {"per_page": "1e3"},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("params", GARBAGE)
+def test_jobs__garbage_filter_values_give_a_sane_page(admin, make_job, params):
+    make_job("queued")
+    for headers in ({}, HTMX):
+        response = admin.get(reverse("problems:jobs"), params, headers=headers)
+        html = response.content.decode()
+        assert response.status_code == 200, (params, html[:300])
+        assert "page 1 / 1" in html
+        assert "<script>alert" not in html
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"upto": "-1"}, {"upto": "0"}, {"upto": str(10**30)}, {"upto": "1e3"}, {"upto": ""},
+     {"upto": ["1", "2"]}, {"upto": "\x00"}, {"upto": "٣"}, {"q": "x", "page": "abc"}],
+)  # fmt: skip
+def test_job_detail__garbage_parameters_give_the_latest_events(admin, make_job, params):
+    job = make_job("running")
+    for headers in ({}, HTMX):
+        response = admin.get(reverse("problems:job", args=[job.pk]), params, headers=headers)
+        assert response.status_code == 200, params
+        assert "enqueued" in response.content.decode()
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"page": "abc"}, {"q": "\x00"}, {"state": "bogus"}, {"x": "y" * 5000}, {"per_page": "-5"}],
+)  # fmt: skip
+def test_summary__ignores_garbage_parameters(admin, make_job, params):
+    make_job("running")
+    for headers in ({}, HTMX):
+        assert admin.get(reverse("problems:summary"), params, headers=headers).status_code == 200
+
+
+def job_numbers(html: str) -> list[int]:
+    return [int(n) for n in re.findall(r'<tr id="job-(\d+)"', html)]
+
+
+def test_jobs__paging_edges(admin):
+    made = [jobs.enqueue("durable.noop", {}).pk for _ in range(25)]
+    url = reverse("problems:jobs")
+    newest_first = made[::-1]
+    last = job_numbers(admin.get(url, {"page": 3}).content.decode())
+    assert last == newest_first[20:]  # read from the oldest end, in order
+    assert job_numbers(admin.get(url, {"page": 2}).content.decode()) == newest_first[10:20]
+    assert job_numbers(admin.get(url, {"page": 99}).content.decode()) == last  # the last page
+    assert (
+        job_numbers(admin.get(url, {"per_page": 7, "page": 4}).content.decode())
+        == (newest_first[21:])
+    )
+    html = admin.get(url, {"page": 3}).content.decode()
+    assert "page 3 / 3" in html
+    assert 'rel="next"' not in html
+    assert 'rel="prev"' in html
+
+
+def test_security__paging_edges(admin):
+    for n in range(25):
+        record_security(category="probe", key=f"key-{n:02d}")
+    url = reverse("problems:security")
+
+    def keys(**params) -> list[str]:
+        return re.findall(r'<td class="c-type">key-(\d\d)', admin.get(url, params).content.decode())
+
+    newest_first = [f"{n:02d}" for n in range(24, -1, -1)]
+    assert keys() == newest_first[:10]
+    assert keys(page=3) == newest_first[20:]
+    assert keys(page=99) == newest_first[20:]
+    assert keys(per_page=7, page=4) == newest_first[21:]
+    assert "page 3 / 3" in admin.get(url, {"page": 3}).content.decode()
+
+
 def test_recovery__hostile_text_is_escaped(admin):
     record_event("<script>alert(1)</script>", detail='"><img src=x onerror=alert(1)>',
                  db="<b>db</b>", username="<svg onload=x>")  # fmt: skip
@@ -189,10 +269,31 @@ def test_links_work_with_and_without_javascript(admin):
         "/problems/recovery/?status=done&amp;page=3",
         "/problems/recovery/?status=done&amp;page=3",
     ) in links
-    form = html.split('<form class="toolbar"', 1)[1].split(">", 1)[0]
+    form = html.split('<form id="toolbar"', 1)[1].split(">", 1)[0]
     assert 'method="get"' in form
     assert 'hx-get="/problems/recovery/"' in form
-    assert 'hx-push-url="true"' in form
+    assert 'hx-push-url="false"' in form  # the server says what to push (HX-Push-Url)
+
+
+@pytest.mark.parametrize(
+    ("page", "params", "pushed"),
+    [
+        ("recovery", {"q": "", "status": "all", "per_page": "10"}, "/problems/recovery/"),
+        ("recovery", {"q": " Foo ", "status": "failed", "per_page": "25", "page": "1"},
+         "/problems/recovery/?q=Foo&status=failed&per_page=25"),
+        ("security", {"q": "", "severity": "all", "per_page": "10"}, "/problems/security/"),
+        ("jobs", {"q": "", "state": "all", "operation": "", "error": "", "per_page": "10"},
+         "/problems/jobs/"),
+        ("jobs", {"q": "a&b", "state": "failed", "operation": "", "error": "", "per_page": "10"},
+         "/problems/jobs/?q=a%26b&state=failed"),
+    ],
+)  # fmt: skip
+def test_toolbar__pushes_the_canonical_address_not_the_forms(admin, page, params, pushed):
+    url = reverse(f"problems:{page}")
+    typed = admin.get(url, params, headers={**HTMX, "HX-Trigger": "toolbar"})
+    assert typed["HX-Push-Url"] == pushed
+    polled = admin.get(url, params, headers={**HTMX, "HX-Trigger": "results"})
+    assert "HX-Push-Url" not in polled  # a poll never changes the address
 
 
 # --- Security -----------------------------------------------------------------------------------
@@ -253,9 +354,9 @@ def test_summary__counts_progress_problems_security_and_chart(admin, make_job):
     assert "<script" not in svg
 
 
-def test_summary__polls_only_while_a_job_runs(admin, make_job):
+def test_summary__polls_fast_while_a_job_runs_and_slowly_otherwise(admin, make_job):
     quiet = admin.get(reverse("problems:summary")).content.decode()
-    assert 'hx-trigger="every 2s"' not in quiet
+    assert 'hx-trigger="every 10s"' in quiet  # a job started elsewhere still shows up
     job = make_job("running")
     busy = admin.get(reverse("problems:summary")).content.decode()
     assert 'hx-trigger="every 2s"' in busy
@@ -266,7 +367,8 @@ def test_summary__polls_only_while_a_job_runs(admin, make_job):
     jobs.cancel(job.pk)
     Job.objects.filter(pk=job.pk).update(state="cancelled", lease_owner=None)  # the worker's part
     stopped = admin.get(reverse("problems:summary"), headers=HTMX).content.decode()
-    assert "every 2s" not in stopped  # the swapped-in fragment has no trigger: polling ends
+    assert "every 2s" not in stopped  # the swapped-in fragment polls slowly again
+    assert 'hx-trigger="every 10s"' in stopped
 
 
 # --- Jobs ---------------------------------------------------------------------------------
@@ -309,18 +411,44 @@ def test_jobs__filters_by_state_operation_error_and_search(admin, make_job):
     assert ids(q="%") == set()  # literal, not a wildcard
 
 
+def test_jobs__search_matches_the_lease_owner(admin, make_job):
+    held = make_job("running")  # claimed by "worker-a"
+    make_job("queued")
+    html = admin.get(reverse("problems:jobs"), {"q": "WORKER-A"}).content.decode()
+    assert {int(n) for n in re.findall(r'id="job-(\d+)"', html)} == {held.pk}
+
+
+def results_section(html: str) -> str:
+    return html.split('<section id="results"', 1)[1].split(">", 1)[0]
+
+
 def test_jobs__polls_while_a_job_is_active_keeping_the_query(admin, make_job):
     make_job("paused")
     html = admin.get(reverse("problems:jobs"), {"per_page": 25}).content.decode()
     assert "every 2s" not in html
+    assert "data-polling" not in results_section(html)
     make_job("queued")
     html = admin.get(reverse("problems:jobs"), {"per_page": 25, "state": "all"}).content.decode()
-    section = html.split('<section id="results"', 1)[1].split(">", 1)[0]
+    section = results_section(html)
     assert 'hx-get="/problems/jobs/?per_page=25"' in section
-    assert 'hx-trigger="every 2s"' in section
+    assert 'hx-trigger="every 2s, jobs-changed from:body"' in section
+    assert 'data-polling="2s"' in section
     assert 'hx-push-url="false"' in section
     only_paused = admin.get(reverse("problems:jobs"), {"state": "paused"}).content.decode()
     assert "every 2s" not in only_paused
+
+
+def test_jobs__a_quiet_table_reads_itself_again_after_an_action(admin, make_job):
+    # Nothing active: no polling, but the table listens for the actions' "jobs-changed",
+    # so resuming a job here makes it poll again (F2: it used to stay "Queued" forever).
+    job = make_job("paused")
+    quiet = results_section(admin.get(reverse("problems:jobs"), {"state": "all"}).content.decode())
+    assert 'hx-get="/problems/jobs/"' in quiet
+    assert 'hx-trigger="jobs-changed from:body"' in quiet
+    response = admin.post(reverse("problems:job-action", args=[job.pk, "resume"]), headers=HTMX)
+    assert response["HX-Trigger-After-Settle"] == "jobs-changed"
+    again = admin.get(reverse("problems:jobs"), headers=HTMX).content.decode()
+    assert 'hx-trigger="every 2s, jobs-changed from:body"' in results_section(again)
 
 
 def test_job_detail__everything_about_a_job(admin, make_job):

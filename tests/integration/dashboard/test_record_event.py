@@ -17,7 +17,9 @@ FORM = {"type": "restore-backup", "severity": "warning", "outcome": "done", "db"
 
 def recorder(name: str = "operator", **extra: str) -> Client:
     user = User.objects.create_user(name, password="pw", is_staff=True)
-    user.user_permissions.add(Permission.objects.get(codename="add_recoveryevent"))
+    user.user_permissions.add(
+        *Permission.objects.filter(codename__in=["add_recoveryevent", "view_recoveryevent"])
+    )
     client = Client(**extra)
     client.force_login(user)
     return client

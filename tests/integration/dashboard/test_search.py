@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC
+from html import unescape
 
 import pytest
 from django.db import connection
@@ -27,12 +28,13 @@ CORPUS = [
     "x$y", "(group)", "group", "[set]", "set", "{1,2}", "1,2", "a|b", "ab", "^start", "start",
     "end$", "end", 'say "hi"', "say hi", "back\\slash", "backslash", "BACKUP ok", "backup",
     "Backup-Created", "percent%sign", "under_score", "a OR b", "NEAR(x)", "x*", "-neg", "é",
+    "a?c", "really?", "realy",
 ]  # fmt: skip
 QUERIES = [
     ".", ".*", "a.c", "a*c", "%", "_", "100%", "a_b", "\\", "C:\\", "C:\\tmp", "+", "x+y", "$",
     "x$y", "^", "^start", "(group)", "(", ")", "[set]", "[]", "{1,2}", "{", "|", "a|b", '"',
     'say "hi"', "\\slash", "BACKUP", "backup-created", "nt%s", "r_s", "a OR b", "NEAR(x)",
-    "x*", "-neg", "abc", "*", "é",
+    "x*", "-neg", "abc", "*", "é", "?", "a?c", "really?", "ly?",
 ]  # fmt: skip
 
 
@@ -286,3 +288,51 @@ def test_recent_problems__are_the_newest_problems():
 def _compiled(queryset) -> tuple[str, list]:
     statement, params = queryset.query.sql_with_params()
     return statement, list(params)
+
+
+# --- Jobs and Security search: literal too ------------------------------------------------------
+
+# Every character a regular expression, LIKE or FTS5 reading would treat specially.
+METACHARACTERS = [*".*+?^${}()|[]\\", "%", "_"]
+assert len(METACHARACTERS) == 16
+
+
+def _literal(q: str, *values: str | None) -> bool:
+    return any(q.lower() in (value or "").lower() for value in values)
+
+
+@pytest.mark.parametrize("char", METACHARACTERS)
+def test_jobs_search__metacharacters_are_literal(client_for, char):
+    from durable import jobs
+
+    made = [jobs.enqueue("durable.noop", {}, owner=f"a{c}b") for c in METACHARACTERS]
+    made += [jobs.enqueue("durable.noop", {}, owner=owner) for owner in ("axb", "ab", "aab", "a")]
+    admin = client_for("admin")
+    for q in (char, f"a{char}b", f"{char}b"):
+        html = admin.get(reverse("problems:jobs"), {"q": q, "per_page": "100"}).content.decode()
+        found = {int(n) for n in re.findall(r'id="job-(\d+)"', html)}
+        expected = {
+            job.pk for job in made if _literal(q, job.operation, job.owner, job.lease_owner)
+        }
+        assert found == expected, q
+    assert len(expected) == 1  # "a{char}b" and "{char}b": only the job that holds it
+
+
+@pytest.mark.parametrize("char", METACHARACTERS)
+def test_security_search__metacharacters_are_literal(client_for, char):
+    from recovery.models import SecurityEvent
+    from recovery.records import record_security
+
+    for c in METACHARACTERS:
+        record_security(category="probe", key=f"k{c}z")
+    for key in ("kxz", "kz", "kkz"):
+        record_security(category="probe", key=key)
+    admin = client_for("admin")
+    rows = list(SecurityEvent.objects.all())
+    for q in (char, f"k{char}z"):
+        html = admin.get(reverse("problems:security"), {"q": q, "per_page": "100"}).content.decode()
+        shown = {unescape(key) for key in re.findall(r'<td class="c-type">([^<]*)', html)}
+        searched = ("category", "key", "source", "cwe", "detail")
+        expected = {r.key for r in rows if _literal(q, *(getattr(r, f) for f in searched))}
+        assert shown == expected, q
+    assert expected == {f"k{char}z"}

@@ -11,8 +11,11 @@ import sys
 
 import httpx
 import pytest
+from django.http import HttpResponse
+from django.test import RequestFactory
 from django.urls import reverse
 
+from recovery.dashboard.csp import DEFAULT_POLICY, ContentSecurityPolicyMiddleware
 from recovery.records import record_event, record_security
 from tests.conftest import BASE_DIR, database_url
 
@@ -37,6 +40,24 @@ def test_headers__on_pages_admin_and_api(admin):
         assert response["X-Frame-Options"] == "DENY"
         assert response["X-Content-Type-Options"] == "nosniff"
         assert response["Referrer-Policy"] == "same-origin"
+
+
+@pytest.mark.parametrize(
+    ("configured", "sent"),
+    [(None, DEFAULT_POLICY),  # unset: the one default, written in csp.py only
+     ("", None),  # empty: no header
+     ("default-src 'none'", "default-src 'none'")],
+)  # fmt: skip
+def test_csp__the_setting_or_the_single_default(settings, configured, sent):
+    settings.CONTENT_SECURITY_POLICY = configured
+    middleware = ContentSecurityPolicyMiddleware(lambda request: HttpResponse("ok"))
+    response = middleware(RequestFactory().get("/"))
+    assert response.get("Content-Security-Policy") == sent
+
+
+def test_csp__settings_do_not_repeat_the_policy():
+    source = (BASE_DIR / "recovery" / "settings.py").read_text()
+    assert "default-src" not in source
 
 
 def test_cookies__session_and_csrf_are_httponly(client, make_user):
