@@ -16,6 +16,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from .. import signals
+from ..clientip import request_client_ip
 from .errors import Refusal
 from .models import Client
 from .parse import parse_bearer
@@ -39,11 +40,6 @@ PROBLEMS: dict[str, tuple[int, str | None, str, str]] = {
 }
 
 
-def _remote_addr(request: HttpRequest) -> str:
-    # REMOTE_ADDR only: X-Forwarded-For is whatever the client wants it to be.
-    return request.META.get("REMOTE_ADDR", "") or ""
-
-
 def refuse(
     request: HttpRequest, problem: str, *, client: Client | None = None, scope: str = ""
 ) -> Refusal:
@@ -59,7 +55,8 @@ def refuse(
         source="api",
         user_id=None,
         username=client.name if client else "",
-        ip=_remote_addr(request),
+        # TRUSTED_PROXY_COUNT decides how far X-Forwarded-For is believed (0: not at all).
+        ip=request_client_ip(request) or "",
     )
     challenge = f'Bearer realm="{REALM}"'
     if error:

@@ -27,9 +27,8 @@ from django.shortcuts import render
 from django.utils.cache import add_never_cache_headers, patch_vary_headers
 from django_htmx.http import HttpResponseClientRedirect
 
+from durable.clientip import client_ip
 from recovery.records import record_security
-
-from .clientip import client_ip
 
 ACTION_PERMISSIONS = {
     "pause": "durable.pause_job",

@@ -17,11 +17,14 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 from django.test import Client as DjangoClient
+from django.test import override_settings
 from django.utils import timezone
 
 from durable import jobs, signals
 from durable.api.models import Client, IdempotencyKey
 from durable.models import Job
+from recovery.models import SecurityEvent
+from recovery.policy import MAX_ACTORS
 from tests.integration.helpers import drain
 
 pytestmark = pytest.mark.django_db
@@ -135,6 +138,40 @@ def test_auth__refusals_name_the_kind_of_problem_never_the_token(api, refusals):
     assert {r["ip"] for r in refusals} == {"192.0.2.7"}  # the remote address is the actor
     text = json.dumps(refusals)
     assert not any(guess in text for guess in guesses)
+
+
+def test_auth__guesses_become_one_security_row_with_a_count_and_the_address(api):
+    """What the signal becomes: the Security report's summary row, not N rows."""
+    for index in range(25):
+        assert api.get("/api/jobs", token=f"dur_{index:012x}_{'x' * 43}").status_code == 401
+    row = SecurityEvent.objects.get()
+    assert (row.category, row.key, row.source, row.cwe) == (
+        "api-auth", "invalid-token", "api", "CWE-287",
+    )  # fmt: skip
+    assert row.count == 25
+    assert row.addresses == {"192.0.2.7": 25}
+    assert (row.addresses_overflow, row.last_ipv4) == (0, "192.0.2.7")
+
+
+@override_settings(TRUSTED_PROXY_COUNT=1)
+def test_auth__the_security_tally_stays_bounded_when_the_address_varies(api):
+    # Behind one trusted proxy the client is the last X-Forwarded-For entry, so
+    # each request comes "from" another address; the tally keeps MAX_ACTORS of them.
+    guesses = MAX_ACTORS + 15
+    for index in range(guesses):
+        forwarded = {"X-Forwarded-For": f"6.6.6.6, 203.0.{index // 250}.{index % 250 + 1}"}
+        assert api.get("/api/jobs", token="guess", headers=forwarded).status_code == 401
+    row = SecurityEvent.objects.get()
+    assert row.count == guesses
+    assert len(row.addresses) == MAX_ACTORS
+    assert row.addresses_overflow == 15
+    assert "6.6.6.6" not in row.addresses  # written by the client, not by our proxy
+    assert "192.0.2.7" not in row.addresses  # the proxy itself is not the client
+
+
+def test_auth__x_forwarded_for_is_ignored_without_trusted_proxies(api, refusals):
+    api.get("/api/jobs", token=None, headers={"X-Forwarded-For": "203.0.113.9"})
+    assert refusals[-1]["ip"] == "192.0.2.7"  # TRUSTED_PROXY_COUNT = 0: the TCP peer
 
 
 def test_openapi_document__is_public_and_lists_every_path(api):
