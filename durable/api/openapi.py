@@ -355,7 +355,8 @@ def build_document(prefix: str = "/api/") -> dict[str, Any]:
                 "job event with `id: <seq>`, resuming after `Last-Event-ID`; an `end` event "
                 "when the job is finished. A stream lasts at most DURABLE_API_STREAM_SECONDS; "
                 "reconnect with Last-Event-ID (EventSource does). 204 when the job is "
-                "finished and nothing follows the given position.",
+                "finished and nothing follows the given position; 503 when the server "
+                "process already serves DURABLE_API_MAX_STREAMS streams.",
                 "security": [{"bearer": ["jobs:read"]}],
                 "parameters": [
                     JOB_ID,
@@ -384,6 +385,18 @@ def build_document(prefix: str = "/api/") -> dict[str, Any]:
                     "400": _problem("A bad parameter; `errors` says which."),
                     **AUTH_PROBLEMS,
                     "404": _problem("No such job."),
+                    "503": {
+                        **_problem(
+                            "Event stream: this server process already serves "
+                            "DURABLE_API_MAX_STREAMS streams; reconnect after Retry-After."
+                        ),
+                        "headers": {
+                            "Retry-After": {
+                                "required": True,
+                                "schema": {"type": "string", "pattern": "^[0-9]+$"},
+                            }
+                        },
+                    },
                 },
             }
         },

@@ -7,6 +7,8 @@ change goes through ``durable.jobs``.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from functools import wraps
@@ -46,12 +48,16 @@ from .parse import (
 from .render import dumps, event_json, job_json
 from .submission import submit
 
+log = logging.getLogger("durable.api")
+
 JSON = "application/json"
 PROBLEM_JSON = "application/problem+json"
 DEFAULT_MAX_BODY_BYTES = 256 * 1024
 DEFAULT_STREAM_SECONDS = 25.0
 DEFAULT_STREAM_POLL_SECONDS = 1.0
 DEFAULT_STREAM_KEEPALIVE_SECONDS = 10.0
+DEFAULT_MAX_STREAMS = 4
+STREAMS_BUSY_RETRY_AFTER = 5  # seconds, for the 503 when every stream slot is taken
 STREAM_RETRY_MS = 2000
 STREAM_BATCH = 200
 ACTIONS: dict[str, Callable[..., jobs.Outcome]] = {
@@ -91,6 +97,28 @@ def problem(refusal: Refusal) -> HttpResponse:
     )
 
 
+def refused(request: HttpRequest, refusal: Refusal) -> HttpResponse:
+    """The problem+json answer, logged here instead of by Django.
+
+    Django logs every 4xx response with the request attached, and the
+    request's repr carries the query string — where a client may have put its
+    token (``?access_token=…``). This line names the path only; Django skips
+    a response marked as logged.
+    """
+    response = problem(refusal)
+    log.warning(
+        "api request refused",
+        extra={
+            "method": request.method,
+            "path": request.path,
+            "status": refusal.status,
+            "code": refusal.code,
+        },
+    )
+    response._has_been_logged = True  # django.utils.log.log_response's own marker
+    return response
+
+
 def endpoint(scopes: dict[str, str | None]) -> Callable:
     """Wrap a view: method check, bearer authentication for the method's scope,
     Refusals rendered as problem+json, and responses never cached.
@@ -114,7 +142,7 @@ def endpoint(scopes: dict[str, str | None]) -> Callable:
                 client = authenticate(request, scope) if scope else None
                 response = view(request, client, **kwargs)
             except Refusal as refusal:
-                response = problem(refusal)
+                response = refused(request, refusal)
             response["Cache-Control"] = "no-store"
             return response
 
@@ -249,14 +277,80 @@ def job_events_view(request: HttpRequest, client: Client | None, job_id: int) ->
     )
 
 
+class StreamSlots:
+    """How many event streams this process serves at once, and the limit on that.
+
+    A stream holds the gunicorn thread serving it for its whole life, so
+    without a limit enough followers would take every thread and the
+    dashboard and API would wait behind them. One counter per process, which
+    is what holds the threads.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.open = 0
+
+    def acquire(self, limit: int) -> bool:
+        with self._lock:
+            if self.open >= limit:
+                return False
+            self.open += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self.open = max(0, self.open - 1)
+
+
+STREAM_SLOTS = StreamSlots()
+
+
+class HeldStream:
+    """A stream's frames; closing it frees its slot, once.
+
+    The WSGI server closes every response it was given (done, failed or the
+    client gone), and Django passes that on to an iterator with ``close``. A
+    generator's own ``finally`` would not do: it never runs if the generator
+    was closed before it started.
+    """
+
+    def __init__(self, frames: Iterator[str], slots: StreamSlots):
+        self._frames = frames
+        self._slots: StreamSlots | None = slots
+
+    def __iter__(self) -> HeldStream:
+        return self
+
+    def __next__(self) -> str:
+        return next(self._frames)
+
+    def close(self) -> None:
+        slots, self._slots = self._slots, None
+        if slots is not None:
+            try:
+                self._frames.close()  # type: ignore[attr-defined]
+            finally:
+                slots.release()
+
+
 def stream_events(job: Job, after: int) -> HttpResponse:
     if job.is_finished and after >= job.event_seq:
         # Nothing will ever follow: 204 tells an EventSource to stop reconnecting.
         response = HttpResponse(status=204)
         del response["Content-Type"]
         return response
+    limit = int(_setting("DURABLE_API_MAX_STREAMS", DEFAULT_MAX_STREAMS))
+    if not STREAM_SLOTS.acquire(limit):
+        raise Refusal(
+            503,
+            "too_many_streams",
+            f"this server process already serves {limit} event stream(s); reconnect after "
+            "Retry-After seconds, or read the events as JSON pages meanwhile",
+            headers={"Retry-After": str(STREAMS_BUSY_RETRY_AFTER)},
+        )
     response = StreamingHttpResponse(
-        event_frames(job.pk, after), content_type="text/event-stream; charset=utf-8"
+        HeldStream(event_frames(job.pk, after), STREAM_SLOTS),
+        content_type="text/event-stream; charset=utf-8",
     )
     response["X-Accel-Buffering"] = "no"  # nginx: pass each frame on at once
     return response
@@ -265,10 +359,10 @@ def stream_events(job: Job, after: int) -> HttpResponse:
 def event_frames(job_id: int, after: int) -> Iterator[str]:
     """Frames until the job is finished or the stream's time is up.
 
-    A gunicorn sync worker serves one request at a time, so one stream may hold
-    it only ``DURABLE_API_STREAM_SECONDS`` (keep that below gunicorn's
-    ``--timeout``). The client then reconnects with ``Last-Event-ID`` and
-    misses nothing. The database is polled every
+    A stream holds a gunicorn thread, so it lasts at most
+    ``DURABLE_API_STREAM_SECONDS`` (and at most ``DURABLE_API_MAX_STREAMS``
+    are open per process, see ``StreamSlots``). The client then reconnects
+    with ``Last-Event-ID`` and misses nothing. The database is polled every
     ``DURABLE_API_STREAM_POLL_SECONDS`` (one indexed read of the job row; the
     events only when its ``event_seq`` moved); a comment line every
     ``DURABLE_API_STREAM_KEEPALIVE_SECONDS`` keeps proxies from closing an idle
@@ -336,6 +430,6 @@ def openapi_view(request: HttpRequest, client: Client | None) -> HttpResponse:
 
 @csrf_exempt
 def not_found_view(request: HttpRequest, rest: str = "") -> HttpResponse:
-    response = problem(Refusal(404, "not_found", "no such API resource; see openapi.json"))
+    response = refused(request, Refusal(404, "not_found", "no such API resource; see openapi.json"))
     response["Cache-Control"] = "no-store"
     return response

@@ -138,14 +138,18 @@ def api(openapi_schema, make_client) -> Iterator[Api]:
 
 
 class Server:
-    """``gunicorn recovery.wsgi`` (sync workers, as in production) on a socket the test owns.
+    """gunicorn with the project's ``gunicorn.conf.py`` (gthread workers and the access-log
+    format of ``make run`` and production) on a socket the test owns.
 
     The test binds 127.0.0.1:0 and hands the listening socket to gunicorn, so a
     stop and a start keep the same address: a restart between two requests is
     just ``server.stop(); server.start()``.
     """
 
-    def __init__(self, log_dir: Path, env: dict[str, str]):
+    def __init__(
+        self, log_dir: Path, env: dict[str, str], workers: int = 2, threads: int | None = None
+    ):
+        self.workers, self.threads = workers, threads
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(64)
@@ -156,7 +160,7 @@ class Server:
         self.proc: subprocess.Popen | None = None
         self.starts = 0
 
-    def start(self, workers: int = 2) -> None:
+    def start(self) -> None:
         env = dict(os.environ)
         env.update(
             DJANGO_SETTINGS_MODULE="tests.settings",
@@ -166,9 +170,12 @@ class Server:
             **self.extra_env,
         )
         fd = self.sock.fileno()
-        cmd = [sys.executable, "-m", "gunicorn", "recovery.wsgi", "--bind", f"fd://{fd}"]
-        cmd += ["--workers", str(workers), "--timeout", "60", "--graceful-timeout", "5"]
-        cmd += ["--access-logfile", "-", "--error-logfile", "-", "--log-level", "debug"]
+        cmd = [sys.executable, "-m", "gunicorn", "-c", str(BASE_DIR / "gunicorn.conf.py")]
+        cmd += ["recovery.wsgi", "--bind", f"fd://{fd}", "--workers", str(self.workers)]
+        if self.threads is not None:
+            cmd += ["--threads", str(self.threads)]
+        cmd += ["--timeout", "60", "--graceful-timeout", "5"]
+        cmd += ["--error-logfile", "-", "--log-level", "debug"]
         log = open(self.log_path, "a")  # noqa: SIM115 - handed to the child, closed below
         self.proc = subprocess.Popen(
             cmd, cwd=BASE_DIR, env=env, stdout=log, stderr=log, pass_fds=[fd],
@@ -209,8 +216,8 @@ def live_server_factory(tmp_path: Path) -> Iterator:
     """Factory: ``live_server_factory(**env)`` starts a gunicorn; all are killed at teardown."""
     servers: list[Server] = []
 
-    def start(**env: str) -> Server:
-        server = Server(tmp_path, env)
+    def start(*, workers: int = 2, threads: int | None = None, **env: str) -> Server:
+        server = Server(tmp_path, env, workers, threads)
         servers.append(server)
         server.start()
         return server
