@@ -204,7 +204,8 @@ DURABLE_API_STREAM_POLL_SECONDS = float(os.environ.get("DURABLE_API_STREAM_POLL_
 DURABLE_API_STREAM_KEEPALIVE_SECONDS = float(
     os.environ.get("DURABLE_API_STREAM_KEEPALIVE_SECONDS", "10")
 )
-# Comma-separated operation names clients may submit; empty: every registered one.
+# Comma-separated operation names clients may submit or schedule, on top of each
+# operation's access rule (Operation.access); empty: every one that rule allows.
 DURABLE_API_OPERATIONS = env_list("DURABLE_API_OPERATIONS", "") or None
 
 # --- External services: outbound HTTP, webhooks, mail, credentials (issue 3) -----

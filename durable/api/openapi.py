@@ -218,7 +218,12 @@ AUTH_PROBLEMS = {
         "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
     },
     "403": {
-        **_problem("The token lacks the scope this needs."),
+        **_problem(
+            "The token lacks a scope this needs: the method's, or `jobs:admin` for a "
+            "privileged operation or another client's job (`code` insufficient_scope, "
+            "with a WWW-Authenticate challenge); or the operation is never started "
+            "through the API (`code` operation_not_allowed)."
+        ),
         "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
     },
 }
@@ -244,7 +249,8 @@ def _action(name: str) -> dict[str, Any]:
             "operationId": f"{name}Job",
             "summary": f"{name.capitalize()} a job (the dashboard's atomic transition).",
             "description": "No request body. 200 when applied or already so; 409 when the "
-            "job's state does not allow it.",
+            "job's state does not allow it. A client acts on the jobs it submitted; on "
+            "other jobs only with the `jobs:admin` scope.",
             "parameters": [JOB_ID],
             "security": [{"bearer": ["jobs:write"]}],
             "responses": {
@@ -422,7 +428,9 @@ def build_document(prefix: str = "/api/") -> dict[str, Any]:
             "title": "Durable jobs API",
             "version": "1.0.0",
             "description": "Submit durable jobs and follow them. Authenticate with "
-            "`Authorization: Bearer <token>` (`python manage.py create_api_client`).",
+            "`Authorization: Bearer <token>` (`python manage.py create_api_client`). Scopes: "
+            "`jobs:read`, `jobs:write`, `schedules:read`, `schedules:write`, and `jobs:admin` "
+            "on top of them for privileged operations and other clients' jobs.",
         },
         "paths": paths,
         "components": {

@@ -25,7 +25,7 @@ from django.views.decorators.csrf import csrf_exempt
 from .. import jobs
 from ..models import Job, JobEvent
 from ..states import FINISHED_STATES, Action
-from .auth import authenticate
+from .auth import authenticate, authorize_job_action, authorize_operation
 from .errors import FieldError, Refusal, invalid
 from .models import Client
 from .openapi import build_document
@@ -207,10 +207,13 @@ def jobs_view(request: HttpRequest, client: Client | None) -> HttpResponse:
     return list_jobs(request)
 
 
-def submit_job(request: HttpRequest, client: Client | None) -> HttpResponse:
+def submit_job(request: HttpRequest, client: Client) -> HttpResponse:
     key = parse_idempotency_key(request.headers.get("Idempotency-Key"))
     data = read_json_body(request)
     submission = parse_submission(data)
+    # Before the key is looked at: a replay is an answer to this client's request
+    # now, and a refused request never uses a key up.
+    authorize_operation(request, client, submission.operation)
     reply = submit(client, submission, key=key, digest=request_digest("POST", "jobs", data))
     response = HttpResponse(reply.body, status=reply.status, content_type=JSON)
     for name, value in reply.headers.items():
@@ -408,8 +411,12 @@ def event_frames(job_id: int, after: int) -> Iterator[str]:
 def job_action_view(request: HttpRequest, client: Client, job_id: int, action: str) -> HttpResponse:
     if action not in ACTIONS:
         raise Refusal(404, "not_found", f"no action {action!r}; use {', '.join(ACTIONS)}")
-    if not 0 < job_id <= MAX_ID:
+    owner = None
+    if 0 < job_id <= MAX_ID:  # a larger id cannot exist and must not reach the database
+        owner = Job.objects.filter(pk=job_id).values_list("owner", flat=True).first()
+    if owner is None:
         raise Refusal(404, "not_found", f"there is no job {job_id}")
+    authorize_job_action(request, client, job_id, owner)  # the owner never changes
     outcome = ACTIONS[action](job_id, actor=client.actor)
     if outcome.refusal == "no such job":
         raise Refusal(404, "not_found", f"there is no job {job_id}")

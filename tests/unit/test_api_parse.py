@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from durable.api import parse, tokens
+from durable.api import auth, parse, tokens
 from durable.api.errors import Refusal
+from durable.api.models import Client
 
 
 def fields(info: pytest.ExceptionInfo) -> list[str]:
@@ -314,3 +315,22 @@ def test_tokens__new_token_matches_only_itself():
 )
 def test_tokens__malformed_has_no_prefix(token):
     assert tokens.token_prefix(token) is None
+
+
+# --- who may act on a job -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("owner", "scopes", "allowed"),
+    [
+        ("api:ci", ["jobs:write"], True),  # its own job
+        ("api:other", ["jobs:write"], False),  # another client's
+        ("", ["jobs:write"], False),  # started on the dashboard or by a command
+        ("schedule:nightly", ["jobs:write"], False),  # started by a schedule
+        ("api:ci-2", ["jobs:write"], False),  # a name that merely starts with ours
+        ("api:other", ["jobs:write", "jobs:admin"], True),  # admin: every job
+        ("", ["jobs:admin"], True),
+    ],
+)
+def test_may_act_on(owner, scopes, allowed):
+    assert auth.may_act_on(owner, Client(name="ci", scopes=scopes)) is allowed

@@ -23,6 +23,7 @@ from django.utils import timezone
 from durable import jobs, signals
 from durable.api.models import Client, IdempotencyKey
 from durable.models import Job
+from durable.operations import Access, get_operation
 from recovery.models import SecurityEvent
 from recovery.policy import MAX_ACTORS
 from tests.integration.helpers import drain
@@ -247,6 +248,139 @@ def test_submit__unknown_operation_is_400(api, settings):
     assert problem_fields(submit(api, NOOP)) == ["operation"]
     assert submit(api, {"operation": "test.rows"}).status_code == 202
     assert list(Job.objects.values_list("operation", flat=True)) == ["test.rows"]
+
+
+# --- who may start what -------------------------------------------------------------------
+
+
+def force_access(monkeypatch, name: str, access: str) -> None:
+    monkeypatch.setattr(type(get_operation(name)), "access", access)
+
+
+def test_submit__a_system_operation_is_never_started_through_the_api(
+    api, make_client, monkeypatch, refusals
+):
+    force_access(monkeypatch, "test.rows", Access.SYSTEM)  # as the site's deliveries are
+    _, admin = make_client("ops", ("jobs:write", "jobs:admin"))
+    for token in (api.token, admin):
+        refused = submit(api, {"operation": "test.rows"}, token=token, key="k")
+        assert refused.status_code == 403
+        assert refused.json()["code"] == "operation_not_allowed"
+        assert "started by the site itself" in refused.json()["detail"]
+        assert "WWW-Authenticate" not in refused.headers  # no token would help
+    assert not Job.objects.exists()
+    assert not IdempotencyKey.objects.exists()
+    assert [(r["key"], r["username"]) for r in refusals] == [
+        ("operation-not-allowed", "ci"), ("operation-not-allowed", "ops"),
+    ]  # fmt: skip
+
+
+def test_submit__a_privileged_operation_needs_jobs_admin(api, make_client, refusals):
+    body = {"operation": "test.one_per_target", "input": {"target": "a"}}
+    refused = submit(api, body, key="restore-a")
+    assert refused.status_code == 403
+    assert refused.json()["code"] == "insufficient_scope"
+    assert "privileged operation" in refused.json()["detail"]
+    assert 'scope="jobs:admin"' in refused.headers["WWW-Authenticate"]
+    assert refusals[-1]["key"] == "insufficient-scope"
+    assert not IdempotencyKey.objects.exists()  # the refusal did not use the key up
+    _, admin_only = make_client("admin-only", ("jobs:admin",))
+    assert submit(api, body, token=admin_only).status_code == 403  # jobs:write is needed too
+    _, admin = make_client("ops", ("jobs:write", "jobs:admin"))
+    accepted = submit(api, body, token=admin, key="restore-a")
+    assert accepted.status_code == 202
+    assert Job.objects.get().owner == "api:ops"
+
+
+def test_submit__the_allow_list_still_applies_to_admins(api, make_client, settings):
+    settings.DURABLE_API_OPERATIONS = ["durable.noop"]
+    _, admin = make_client("ops", ("jobs:write", "jobs:admin"))
+    body = {"operation": "test.one_per_target", "input": {"target": "a"}}
+    assert problem_fields(submit(api, body, token=admin)) == ["operation"]  # 400: not offered
+
+
+@pytest.fixture
+def builtin_setup(settings, tmp_path):
+    """What the built-in operations need to accept an input: directories and storages."""
+    settings.DURABLE_BACKUP_DIR = tmp_path / "backups"
+    (settings.DURABLE_BACKUP_DIR / "nightly").mkdir(parents=True)  # restore names it
+    imports = tmp_path / "imports"
+    imports.mkdir()
+    (imports / "events.jsonl").write_text('{"type": "backup-created"}\n')
+    (imports / "events.csv").write_text("type,detail\nbackup-created,x\n")
+    settings.RECOVERY_IMPORT_DIRS = [str(imports)]
+    for name in ("src", "dst"):
+        (tmp_path / name).mkdir()
+    settings.STORAGES = {
+        **settings.STORAGES,
+        **{
+            name: {
+                "BACKEND": "django.core.files.storage.FileSystemStorage",
+                "OPTIONS": {"location": str(tmp_path / name)},
+            }
+            for name in ("src", "dst")
+        },
+    }
+    return imports
+
+
+# (operation, input sent, what the job's input must contain)
+BUILTIN = [
+    ("backup.database", {"name": "api-backup"}, {"name": "api-backup", "database": "default"}),
+    ("integrity.scan", {"storage": "scan"}, {"target": "storage", "storage": "scan"}),
+    ("restore.database", {"name": "nightly"}, {"name": "nightly", "database": "default",
+                                               "replace": False}),
+    ("db.copy", {"target": "other"}, {"source": "default", "target": "other", "replace": False}),
+    ("files.move", {"source": "src", "destination": "dst"}, {"source": "src",
+                                                             "destination": "dst"}),
+    ("import.jsonl", {"path": "{imports}/events.jsonl"}, {"path": "{imports}/events.jsonl"}),
+    ("import.csv", {"path": "{imports}/events.csv"}, {"path": "{imports}/events.csv"}),
+    ("durable.purge", {"older_than": "30d"}, {}),
+]  # fmt: skip
+
+
+def _fill(value: dict, imports) -> dict:
+    return {k: v.format(imports=imports) if isinstance(v, str) else v for k, v in value.items()}
+
+
+def _accepted_input(api, token, name, sent, expected) -> None:
+    response = submit(api, {"operation": name, "input": sent}, token=token)
+    assert response.status_code == 202, response.text
+    job = Job.objects.get(pk=response.json()["id"])
+    assert job.operation == name
+    assert expected.items() <= job.input.items(), job.input
+    assert response.json()["input"] == job.input
+
+
+@pytest.mark.parametrize(("name", "sent", "expected"), BUILTIN, ids=[b[0] for b in BUILTIN])
+def test_builtin_operations__start_from_the_api_under_their_declared_access(
+    api, make_client, builtin_setup, name, sent, expected
+):
+    sent, expected = _fill(sent, builtin_setup), _fill(expected, builtin_setup)
+    access = get_operation(name).access
+    assert access != Access.SYSTEM  # every one of them is meant to be started by hand
+    _, admin = make_client("ops", ("jobs:write", "jobs:admin"))
+    if access == Access.PRIVILEGED:
+        refused = submit(api, {"operation": name, "input": sent})
+        assert refused.status_code == 403
+        assert refused.json()["code"] == "insufficient_scope"
+        _accepted_input(api, admin, name, sent, expected)
+    else:
+        _accepted_input(api, api.token, name, sent, expected)
+
+
+@pytest.mark.parametrize(("name", "sent", "expected"), BUILTIN, ids=[b[0] for b in BUILTIN])
+def test_builtin_operations__as_privileged_need_jobs_admin(
+    api, make_client, builtin_setup, monkeypatch, name, sent, expected
+):
+    # Whatever an operation declares today, the API enforces PRIVILEGED for each one.
+    force_access(monkeypatch, name, Access.PRIVILEGED)
+    sent, expected = _fill(sent, builtin_setup), _fill(expected, builtin_setup)
+    refused = submit(api, {"operation": name, "input": sent})
+    assert refused.status_code == 403
+    assert not Job.objects.exists()
+    _, admin = make_client("ops", ("jobs:write", "jobs:admin"))
+    _accepted_input(api, admin, name, sent, expected)
 
 
 @pytest.mark.parametrize(
@@ -545,8 +679,11 @@ def test_events_stream__ends_at_the_time_limit_with_keepalives(api, settings):
 # --- actions ----------------------------------------------------------------------------------
 
 
+MINE = "api:ci"  # the owner POST /jobs records for the ``api`` fixture's client
+
+
 def test_actions__apply_then_acknowledge_then_refuse(api):
-    job = jobs.enqueue("durable.noop", {})
+    job = jobs.enqueue("durable.noop", {}, owner=MINE)
     paused = api.post(f"/api/jobs/{job.pk}/pause")
     assert paused.status_code == 200
     assert (paused.json()["applied"], paused.json()["job"]["state"]) == (True, "paused")
@@ -566,14 +703,36 @@ def test_actions__apply_then_acknowledge_then_refuse(api):
 
 
 def test_actions__retry_a_failed_job(api):
-    job = drain(jobs.enqueue("test.flaky", {"fail_times": 9}).pk)
+    job = drain(jobs.enqueue("test.flaky", {"fail_times": 9}, owner=MINE).pk)
     assert job.state == "failed"
     response = api.post(f"/api/jobs/{job.pk}/retry")
     assert response.status_code == 200
     assert (response.json()["job"]["state"], response.json()["job"]["attempts"]) == ("queued", 0)
-    completed = drain(jobs.enqueue("durable.noop", {}).pk)
+    completed = drain(jobs.enqueue("durable.noop", {}, owner=MINE).pk)
     assert api.post(f"/api/jobs/{completed.pk}/retry").status_code == 409
     assert api.post(f"/api/jobs/{completed.pk}/cancel").status_code == 409
+
+
+def test_actions__on_another_clients_job_need_jobs_admin(api, make_client, refusals):
+    theirs = submit(api, token=make_client("other-ci")[1]).json()["id"]
+    site_job = jobs.enqueue("durable.noop", {}, owner="schedule:nightly").pk
+    for job_id in (theirs, site_job):
+        for action in ("cancel", "pause", "resume", "retry"):
+            refused = api.post(f"/api/jobs/{job_id}/{action}")
+            assert refused.status_code == 403
+            assert refused.json()["code"] == "insufficient_scope"
+            assert "not submitted by this client" in refused.json()["detail"]
+            assert 'scope="jobs:admin"' in refused.headers["WWW-Authenticate"]
+    assert set(Job.objects.values_list("state", flat=True)) == {"queued"}
+    assert {(r["key"], r["username"]) for r in refusals} == {("insufficient-scope", "ci")}
+    _, admin = make_client("ops", ("jobs:write", "jobs:admin"))
+    assert api.post(f"/api/jobs/{theirs}/pause", token=admin).status_code == 200
+    assert api.post(f"/api/jobs/{site_job}/cancel", token=admin).status_code == 200
+    kinds = Job.objects.get(pk=theirs).events.values_list("kind", "data__actor")
+    assert list(kinds)[-1] == ("paused", "api:ops")
+    # Its own job: jobs:write is enough.
+    mine = submit(api).json()["id"]
+    assert api.post(f"/api/jobs/{mine}/cancel").status_code == 200
 
 
 def test_actions__unknown_job_is_404(api):
@@ -715,6 +874,15 @@ def test_create_api_client__prints_the_token_once_and_stores_its_hash(capsys, ap
         call_command("create_api_client", "no-scope")
     with pytest.raises(CommandError):
         call_command("create_api_client", "bad-scope", "--scope", "admin")
+
+
+def test_create_api_client__accepts_every_scope(capsys, api):
+    scopes = ["jobs:read", "jobs:write", "jobs:admin", "schedules:read", "schedules:write"]
+    call_command("create_api_client", "ops", *[arg for s in scopes for arg in ("--scope", s)])
+    token = capsys.readouterr().out.strip()
+    assert sorted(Client.objects.get(name="ops").scopes) == sorted(scopes)
+    body = {"operation": "test.one_per_target", "input": {"target": "t"}}
+    assert submit(api, body, token=token).status_code == 202  # privileged: jobs:admin works
 
 
 def test_create_api_client__rotate_replaces_the_token_and_lifts_a_revocation(capsys, api):
