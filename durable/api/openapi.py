@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..states import JobState, OnRestart
+from ..states import FINISHED_STATES, JobState, OnRestart
 from .parse import (
     EVENTS_DEFAULT_LIMIT,
     EVENTS_MAX_LIMIT,
@@ -79,12 +79,27 @@ SCHEMAS: dict[str, Any] = {
                 "description": "A registered operation, e.g. `durable.noop`.",
             },
             "input": {
-                "type": "object",
-                "description": "The operation's input: JSON, no secrets (pass `*_ref` names).",
+                "type": ["object", "null"],
+                "description": "The operation's input: JSON, no secrets (pass `*_ref` names). "
+                "Absent or null: `{}`.",
             },
-            "queue": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"},
-            "priority": {"type": "integer", "minimum": -100, "maximum": 100},
-            "on_restart": {"type": "string", "enum": list(OnRestart.values)},
+            "queue": {
+                "type": ["string", "null"],
+                "pattern": "^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$",
+                "description": "Absent or null: the operation's queue.",
+            },
+            "priority": {
+                "type": ["integer", "null"],
+                "minimum": -100,
+                "maximum": 100,
+                "description": "Higher runs first. Absent or null: the operation's. "
+                "A whole number; `5.0` is `5`.",
+            },
+            "on_restart": {
+                "type": ["string", "null"],
+                "enum": [*OnRestart.values, None],
+                "description": "Absent or null: the operation's policy.",
+            },
         },
     },
     "Job": {
@@ -153,16 +168,56 @@ SCHEMAS: dict[str, Any] = {
         },
     },
     "StreamEvent": {
+        "description": "One event of a `text/event-stream` body, as an SSE client "
+        "dispatches it (WHATWG HTML, server-sent events): its type `event` (`message` when "
+        "the frame names none), `data`, and `id`, the last event id seen on the "
+        "connection. OpenAPI 3.1 has no way to say that a schema describes each event "
+        "rather than the whole body: this one does. One `message` per job event, `id` "
+        "its seq and `data` the JobEvent as JSON; once the job is finished, one `end` "
+        "with a StreamEnd. The stream starts with `retry: 2000` (a frame without data, "
+        "so no event) and may carry comment lines (`: keep-alive`).",
+        "oneOf": [
+            {
+                "type": "object",
+                "required": ["event", "id", "data"],
+                "additionalProperties": False,
+                "properties": {
+                    "event": {"const": "message"},
+                    "id": {"type": "string", "pattern": "^[1-9][0-9]*$"},
+                    "data": {
+                        "type": "string",
+                        "contentMediaType": "application/json",
+                        "contentSchema": _ref("JobEvent"),
+                    },
+                },
+            },
+            {
+                "type": "object",
+                "required": ["event", "data"],
+                "additionalProperties": False,
+                "properties": {
+                    "event": {"const": "end"},
+                    "id": {"type": "string", "pattern": "^[1-9][0-9]*$"},
+                    "data": {
+                        "type": "string",
+                        "contentMediaType": "application/json",
+                        "contentSchema": _ref("StreamEnd"),
+                    },
+                },
+            },
+        ],
+    },
+    "StreamEnd": {
         "type": "object",
-        "description": "One server-sent event. Default type (`message`): `id` is the job "
-        "event's seq and `data` a JobEvent as JSON. Type `end`, sent once when the job is "
-        'finished: `data` is `{"state": ..., "last_event_seq": ...}`.',
-        "required": ["data"],
+        "required": ["state", "last_event_seq"],
+        "additionalProperties": False,
         "properties": {
-            "event": {"type": "string", "enum": ["message", "end"]},
-            "id": {"type": "string", "pattern": "^[0-9]+$"},
-            "data": {"type": "string", "contentMediaType": "application/json"},
-            "retry": {"type": "integer"},
+            "state": {
+                "type": ["string", "null"],
+                "enum": [*FINISHED_STATES, None],
+                "description": "null: the job was deleted while the stream was open.",
+            },
+            "last_event_seq": {"type": "integer", "minimum": 0},
         },
     },
     "JobPage": {
@@ -227,6 +282,9 @@ AUTH_PROBLEMS = {
         "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
     },
 }
+# One value of ``state``: an empty one, or job states separated by commas (spaces allowed).
+_STATE = "|".join(JobState.values)
+STATE_LIST = f"^( *({_STATE}) *(, *({_STATE}) *)*| *)$"
 JOB_ID = {
     "name": "job_id",
     "in": "path",
@@ -276,18 +334,27 @@ def build_document(prefix: str = "/api/") -> dict[str, Any]:
                     {
                         "name": "state",
                         "in": "query",
-                        "description": "One state or several, comma-separated.",
-                        "schema": {"type": "string", "enum": list(JobState.values)},
+                        "description": "Jobs in any of these states. Repeatable, and each "
+                        "value may list several, comma-separated (`state=failed,paused`). "
+                        "An empty value is no filter.",
+                        "style": "form",
+                        "explode": True,
+                        "schema": {
+                            "type": "array",
+                            "items": {"type": "string", "pattern": STATE_LIST},
+                        },
                     },
                     {
                         "name": "operation",
                         "in": "query",
-                        "schema": {"type": "string", "minLength": 1, "maxLength": 100},
+                        "description": "Jobs of this operation. Empty: no filter.",
+                        "schema": {"type": "string", "maxLength": MAX_OPERATION_NAME},
                     },
                     {
                         "name": "cursor",
                         "in": "query",
-                        "description": "`next_cursor` of the previous page (opaque).",
+                        "description": "`next_cursor` of the previous page (opaque). "
+                        "Empty: the first page.",
                         "schema": {"type": "string"},
                     },
                     _limit(LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT),
@@ -375,8 +442,9 @@ def build_document(prefix: str = "/api/") -> dict[str, Any]:
                     {
                         "name": "Last-Event-ID",
                         "in": "header",
-                        "description": "Overrides `after` (reconnecting SSE clients send it).",
-                        "schema": {"type": "string", "pattern": "^[0-9]{0,18}$"},
+                        "description": "Overrides `after` (reconnecting SSE clients send "
+                        f"it): a seq from 0 to {MAX_ID}; empty is none.",
+                        "schema": {"type": "string", "pattern": "^[0-9]{0,19}$"},
                     },
                 ],
                 "responses": {

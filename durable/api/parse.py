@@ -27,6 +27,7 @@ VISIBLE_ASCII = re.compile(r"^[\x21-\x7e]+$")
 UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 MAX_ID = 2**63 - 1  # BIGINT: a larger id cannot exist and must not reach the database
 SUBMISSION_FIELDS = ("operation", "input", "queue", "priority", "on_restart")
+HTTP_WHITESPACE = " \t"  # RFC 9110 OWS
 
 LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT = 50, 200
 EVENTS_DEFAULT_LIMIT, EVENTS_MAX_LIMIT = 100, 1000
@@ -108,9 +109,15 @@ def parse_idempotency_key(value: str | None) -> str | None:
 
 
 def parse_last_event_id(value: str | None) -> int | None:
-    if value is None or value.strip() == "":
+    """The seq in a ``Last-Event-ID`` header; empty means none (as for an absent header).
+
+    Only spaces and tabs around it are dropped: they are HTTP's optional
+    whitespace, not part of the value.
+    """
+    text = (value or "").strip(HTTP_WHITESPACE)
+    if text == "":
         return None
-    return _non_negative_int(value.strip(), "header.Last-Event-ID")
+    return _non_negative_int(text, "header.Last-Event-ID")
 
 
 # --- bodies -------------------------------------------------------------------------
@@ -219,12 +226,18 @@ def _non_negative_int(text: str, name: str, *, maximum: int = MAX_ID) -> int:
     return int(text)
 
 
-def _single(params: Mapping[str, Sequence[str]], name: str) -> str | None:
+def _single(
+    params: Mapping[str, Sequence[str]], name: str, *, empty_is_absent: bool = False
+) -> str | None:
+    """The parameter's one value. ``empty_is_absent``: ``name=`` means no value at all,
+    as an HTML form (or a URL template with a blank) sends an unused filter."""
     values = params.get(name)
     if not values:
         return None
     if len(values) > 1:
         raise invalid([FieldError(f"query.{name}", "give it once")])
+    if empty_is_absent and values[0] == "":
+        return None
     return values[0]
 
 
@@ -278,21 +291,27 @@ class ListQuery:
 
 
 def parse_list_query(params: Mapping[str, Sequence[str]]) -> ListQuery:
-    """``state`` (repeatable or comma-separated), ``operation``, ``cursor``, ``limit``."""
+    """``state`` (repeatable or comma-separated), ``operation``, ``cursor``, ``limit``.
+
+    An empty ``state``, ``operation`` or ``cursor`` is no filter, so
+    ``?state=&operation=&cursor=`` lists everything; ``limit`` must be a number.
+    """
     _reject_unknown(params, ("state", "operation", "cursor", "limit"))
     states: list[str] = []
     for value in params.get("state", []):
+        if value.strip(" ") == "":
+            continue
         for name in value.split(","):
-            name = name.strip()
+            name = name.strip(" ")
             if name not in JobState.values:
                 raise invalid(
                     [FieldError("query.state", f"must be one of {', '.join(JobState.values)}")]
                 )
             if name not in states:
                 states.append(name)
-    operation = _single(params, "operation")
+    operation = _single(params, "operation", empty_is_absent=True)
     if operation is not None and not (
-        0 < len(operation) <= MAX_OPERATION_NAME and operation.isprintable()
+        len(operation) <= MAX_OPERATION_NAME and operation.isprintable()
     ):
         raise invalid(
             [
@@ -301,7 +320,7 @@ def parse_list_query(params: Mapping[str, Sequence[str]]) -> ListQuery:
                 )
             ]
         )
-    cursor = _single(params, "cursor")
+    cursor = _single(params, "cursor", empty_is_absent=True)
     before_id = decode_cursor(cursor) if cursor is not None else None
     return ListQuery(
         tuple(states), operation, before_id, _limit(params, LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT)

@@ -391,7 +391,10 @@ def event_frames(job_id: int, after: int) -> Iterator[str]:
                 yield sse_event(dumps(event_json(event)), event_id=event.seq)
                 last_sent = event.seq
                 sent = True
-        elif state in FINISHED_STATES:
+        # The row read above already said "finished" if its last event is among those
+        # just sent (state and event commit together): end now, not after a deadline
+        # that may fall first — a reconnect would get 204 and never see the end.
+        if state in FINISHED_STATES and last_sent >= event_seq:
             yield sse_event(dumps({"state": state, "last_event_seq": last_sent}), event="end")
             return
         now = time.monotonic()

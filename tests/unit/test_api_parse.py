@@ -234,10 +234,27 @@ def test_parse_list_query__defaults_and_values():
 
 
 @pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        # the issue's own example: unused filters sent empty, as a form or template does
+        ({"state": [""], "operation": [""], "cursor": [""]}, parse.ListQuery()),
+        ({"cursor": [""]}, parse.ListQuery()),
+        ({"state": ["", "paused"]}, parse.ListQuery(states=("paused",))),
+        ({"state": [" "]}, parse.ListQuery()),
+        ({"state": ["paused , queued"]}, parse.ListQuery(states=("paused", "queued"))),
+    ],
+)
+def test_parse_list_query__empty_values_are_absent(params, expected):
+    assert parse.parse_list_query(params) == expected
+
+
+@pytest.mark.parametrize(
     ("params", "bad"),
     [
         ({"state": ["done"]}, "query.state"),
-        ({"state": [""]}, "query.state"),
+        ({"state": ["queued,"]}, "query.state"),  # an empty name inside a list is a typo
+        ({"state": ["queued\t"]}, "query.state"),  # spaces only, as the document's pattern
+        ({"limit": [""]}, "query.limit"),  # a number must be a number
         ({"limit": ["0"]}, "query.limit"),
         ({"limit": ["201"]}, "query.limit"),
         ({"limit": ["-1"]}, "query.limit"),
@@ -263,6 +280,8 @@ def test_parse_list_query__refuses(params, bad):
         ({"after": ["5"]}, "9", parse.EventsQuery(9, 100)),  # a reconnecting client wins
         ({"after": ["5"]}, " ", parse.EventsQuery(5, 100)),  # empty Last-Event-ID: ignored
         ({}, "0", parse.EventsQuery(0, 100)),
+        ({}, "\t7 ", parse.EventsQuery(7, 100)),  # HTTP's optional whitespace is not the value
+        ({}, str(parse.MAX_ID), parse.EventsQuery(parse.MAX_ID, 100)),  # 19 digits
     ],
 )
 def test_parse_events_query(params, last_event_id, expected):
@@ -277,6 +296,8 @@ def test_parse_events_query(params, last_event_id, expected):
         ({"after": ["99999999999999999999"]}, None, "query.after"),
         ({"limit": ["1001"]}, None, "query.limit"),
         ({}, "abc", "header.Last-Event-ID"),
+        ({}, str(parse.MAX_ID + 1), "header.Last-Event-ID"),
+        ({}, "1 2", "header.Last-Event-ID"),
         ({"since": ["1"]}, None, "query.since"),
     ],
 )

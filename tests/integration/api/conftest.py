@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema_rs
 import pytest
 import schemathesis
 from django.core.handlers.wsgi import WSGIHandler
@@ -60,6 +61,46 @@ def check_response(schema, response: httpx.Response) -> None:
     if response.content or documented:
         assert content_type in documented, (status, content_type, list(documented))
     operation.validate_response(response)
+
+
+def component_validator(name: str) -> jsonschema_rs.Validator:
+    """A JSON Schema 2020-12 validator for ``#/components/schemas/<name>`` of the document."""
+    root = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "components": DOCUMENT["components"],
+        "$ref": f"#/components/schemas/{name}",
+    }
+    return jsonschema_rs.Draft202012Validator(root)
+
+
+def sse_events(text: str) -> list[dict[str, str]]:
+    """The events an SSE client dispatches from ``text`` (WHATWG HTML "server-sent events").
+
+    Fields of one frame up to a blank line; comment lines (``:``) skipped; a frame
+    without ``data`` is not an event (the ``retry`` frame); ``id`` is the last id seen
+    on the connection; ``event`` defaults to ``message``.
+    """
+    events, frame, data, last_id = [], {}, [], None
+    for line in [*text.replace("\r\n", "\n").split("\n"), ""]:
+        if line.startswith(":"):
+            continue
+        if line:
+            name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if name == "data":
+                data.append(value)
+            elif name == "id":
+                last_id = value
+            else:
+                frame[name] = value
+            continue
+        if data:
+            event = {"event": frame.get("event") or "message", "data": "\n".join(data)}
+            if last_id is not None:
+                event["id"] = last_id
+            events.append(event)
+        frame, data = {}, []
+    return events
 
 
 OWN_TOKEN = object()

@@ -26,6 +26,7 @@ from durable.models import Job
 from durable.operations import Access, get_operation
 from recovery.models import SecurityEvent
 from recovery.policy import MAX_ACTORS
+from tests.integration.api.conftest import component_validator, sse_events
 from tests.integration.helpers import drain
 
 pytestmark = pytest.mark.django_db
@@ -570,6 +571,7 @@ def test_get_job__state_progress_and_last_error(api):
         "/api/jobs/1/events/extra",
         "/api/jobs/1/explode",  # no such action
         "/api/nothing",
+        "/api/jobs/a%0Ab%0Dc",  # line breaks: "." in a URL pattern misses them
     ],
 )
 def test_unknown_resources_are_json_404s(api, path):
@@ -653,6 +655,16 @@ def test_events_stream__sends_every_event_then_end_for_a_finished_job(api):
     assert json.loads(frames[-1]["data"]) == {"state": "completed", "last_event_seq": 5}
 
 
+def test_events_stream__the_last_batch_and_the_time_limit_together_still_end(api, settings):
+    # The time is up right after the first look, which sends every event of a finished
+    # job: the stream must still say "end" (a reconnect would get 204, never the end).
+    settings.DURABLE_API_STREAM_SECONDS = 0
+    job = drain(jobs.enqueue("test.ticks", {"units": 2}).pk)
+    frames = parse_sse(api.get(f"/api/jobs/{job.pk}/events", headers=SSE).text)
+    assert [int(f["id"]) for f in frames if "id" in f] == [1, 2, 3, 4, 5]
+    assert frames[-1]["event"] == "end"
+
+
 def test_events_stream__resumes_after_last_event_id_and_204_when_nothing_follows(api):
     job = drain(jobs.enqueue("test.ticks", {"units": 2}).pk)
     response = api.get(f"/api/jobs/{job.pk}/events", headers={**SSE, "Last-Event-ID": "3"})
@@ -660,6 +672,43 @@ def test_events_stream__resumes_after_last_event_id_and_204_when_nothing_follows
     done = api.get(f"/api/jobs/{job.pk}/events", headers={**SSE, "Last-Event-ID": "5"})
     assert done.status_code == 204  # EventSource stops reconnecting on 204
     assert done.content == b""
+
+
+STREAM_EVENT = component_validator("StreamEvent")
+STREAM_DATA = {"message": component_validator("JobEvent"), "end": component_validator("StreamEnd")}
+
+
+def validated_events(response) -> list[dict]:
+    """The response's SSE events, each checked against StreamEvent and its data's schema."""
+    events = sse_events(response.text)
+    for event in events:
+        STREAM_EVENT.validate(event)
+        STREAM_DATA[event["event"]].validate(json.loads(event["data"]))
+    return events
+
+
+def test_events_stream__every_event_matches_the_documented_stream_event(api, settings):
+    settings.DURABLE_API_STREAM_SECONDS = 0.3
+    settings.DURABLE_API_STREAM_POLL_SECONDS = 0.05
+    finished = drain(jobs.enqueue("test.ticks", {"units": 3}).pk)
+    events = validated_events(api.get(f"/api/jobs/{finished.pk}/events", headers=SSE))
+    assert [e["event"] for e in events] == ["message"] * 6 + ["end"]
+    assert events[-1]["id"] == "6"  # the end event carries the last id seen, per SSE
+    resumed = validated_events(
+        api.get(f"/api/jobs/{finished.pk}/events", headers={**SSE, "Last-Event-ID": "4"})
+    )
+    assert [e.get("id") for e in resumed] == ["5", "6", "6"]
+    queued = jobs.enqueue("durable.noop", {})  # cut by the time limit: no end event
+    events = validated_events(api.get(f"/api/jobs/{queued.pk}/events", headers=SSE))
+    assert [(e["event"], e["id"]) for e in events] == [("message", "1")]
+    # The validators do refuse what the document does not describe.
+    for wrong in (
+        {"event": "message", "data": "{}"},  # no id
+        {"event": "tick", "id": "1", "data": "{}"},  # an undocumented type
+        {"event": "end", "id": "1", "data": "{}", "retry": "5"},
+    ):
+        assert not STREAM_EVENT.is_valid(wrong)
+    assert not STREAM_DATA["end"].is_valid({"state": "queued", "last_event_seq": 1})
 
 
 def test_events_stream__ends_at_the_time_limit_with_keepalives(api, settings):
@@ -784,6 +833,15 @@ def test_list__filters_by_state_and_operation(api):
     assert ids(both) == [paused.pk, rows.pk]
     assert ids(api.get("/api/jobs", params=[("state", "queued")])) == [rows.pk, noop.pk]
     assert ids(api.get("/api/jobs", params={"operation": "none"})) == []
+
+
+def test_list__empty_filters_are_no_filters(api):
+    created = [jobs.enqueue("durable.noop", {}).pk for _ in range(3)]
+    everything = api.get("/api/jobs?state=&operation=&cursor=")  # the issue's own example
+    assert everything.status_code == 200
+    assert ids(everything) == created[::-1]
+    assert ids(api.get("/api/jobs?cursor=")) == created[::-1]
+    assert ids(api.get("/api/jobs?state=&state=queued&limit=2")) == created[:0:-1]
 
 
 @pytest.mark.parametrize(
