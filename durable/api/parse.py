@@ -160,14 +160,31 @@ def loads_json_object(body: bytes) -> dict[str, Any]:
     return data
 
 
+def json_numbers(value: Any) -> Any:
+    """``value`` with every integral float as an int: in JSON ``1.0`` and ``1`` are one number.
+
+    Called on cleaned input (``durable.sanitize`` bounds its depth), so recursion is safe.
+    """
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {key: json_numbers(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [json_numbers(item) for item in value]
+    return value
+
+
 def canonical_json(data: Any) -> str:
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(json_numbers(data), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def request_digest(method: str, path: str, data: Any) -> str:
     """What "the same request" means for an idempotency key: method, path, parsed body.
 
-    Whitespace and key order do not change it; any value does.
+    Whitespace, key order and how a number is written (``1`` or ``1.0``) do not
+    change it; any value does. ``POST /jobs`` passes ``Submission.fields()`` of
+    the submission with its defaults filled in, so ``"priority": null``, an
+    absent priority and the operation's own priority are the same request too.
     """
     text = f"{method.upper()} {path}\n{canonical_json(data)}"
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -175,11 +192,32 @@ def request_digest(method: str, path: str, data: Any) -> str:
 
 @dataclass(frozen=True)
 class Submission:
+    """A parsed ``POST /jobs`` body; None: the operation's default (``with_defaults``)."""
+
     operation: str
     input: dict[str, Any] = field(default_factory=dict)
     queue: str | None = None
     priority: int | None = None
     on_restart: str | None = None
+
+    def with_defaults(self, *, queue: str, priority: int, on_restart: str) -> Submission:
+        """Every None replaced by the operation's value, as ``enqueue`` would."""
+        return Submission(
+            self.operation,
+            self.input,
+            self.queue or queue,
+            priority if self.priority is None else self.priority,
+            self.on_restart or str(on_restart),
+        )
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "operation": self.operation,
+            "input": self.input,
+            "queue": self.queue,
+            "priority": self.priority,
+            "on_restart": self.on_restart,
+        }
 
 
 def parse_submission(data: Mapping[str, Any]) -> Submission:
@@ -205,6 +243,8 @@ def parse_submission(data: Mapping[str, Any]) -> Submission:
             FieldError("queue", "must be 1 to 64 letters, digits, _ . : - (starting alphanumeric)")
         )
     priority = data.get("priority")
+    if isinstance(priority, float) and priority.is_integer():
+        priority = int(priority)  # 5.0 is the number 5 in JSON
     if priority is not None and (
         isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100
     ):

@@ -213,8 +213,16 @@ def submit_job(request: HttpRequest, client: Client) -> HttpResponse:
     submission = parse_submission(data)
     # Before the key is looked at: a replay is an answer to this client's request
     # now, and a refused request never uses a key up.
-    authorize_operation(request, client, submission.operation)
-    reply = submit(client, submission, key=key, digest=request_digest("POST", "jobs", data))
+    operation = authorize_operation(request, client, submission.operation)
+    # The digest covers the submission as it will be enqueued, not the bytes sent, so
+    # equivalent requests (null or absent, 1 or 1.0, the operation's own priority) match.
+    # The input is hashed as sent: an operation's clean_input may add what differs
+    # from call to call (a backup's name is the time).
+    submission = submission.with_defaults(
+        queue=operation.queue, priority=operation.priority, on_restart=operation.on_restart
+    )
+    digest = request_digest("POST", "jobs", submission.fields())
+    reply = submit(client, submission, key=key, digest=digest)
     response = HttpResponse(reply.body, status=reply.status, content_type=JSON)
     for name, value in reply.headers.items():
         response[name] = value

@@ -127,6 +127,45 @@ def test_loads_json_object__refuses(body, why):
     assert why in info.value.detail
 
 
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (1.0, 1),
+        (-0.0, 0),
+        (1.5, 1.5),
+        (1e20, 10**20),
+        ({"a": [2.0, {"b": 3.0}], "c": "4.0"}, {"a": [2, {"b": 3}], "c": "4.0"}),  # not strings
+        (True, True),  # a bool is not a number here
+    ],
+)
+def test_json_numbers(value, expected):
+    result = parse.json_numbers(value)
+    assert result == expected
+    assert json.dumps(result) == json.dumps(expected)  # the type too: 1, not 1.0
+
+
+def test_request_digest__one_number_however_written():
+    assert parse.request_digest("POST", "jobs", {"n": 1}) == parse.request_digest(
+        "POST", "jobs", {"n": 1.0}
+    )
+    assert parse.request_digest("POST", "jobs", {"n": 1}) != parse.request_digest(
+        "POST", "jobs", {"n": 1.5}
+    )
+
+
+def test_submission__with_defaults_fills_only_what_is_missing():
+    defaults = {"queue": "bulk", "priority": 5, "on_restart": "resume"}
+    bare = parse.Submission("x").with_defaults(**defaults)
+    assert bare == parse.Submission("x", {}, "bulk", 5, "resume")
+    given = parse.Submission("x", {"a": 1}, "fast", 0, "fail").with_defaults(**defaults)
+    assert given == parse.Submission("x", {"a": 1}, "fast", 0, "fail")  # 0 is a priority
+
+
+def test_parse_submission__null_fields_are_absent_and_whole_floats_integers():
+    data = {"operation": "x", "input": None, "queue": None, "priority": 2.0, "on_restart": None}
+    assert parse.parse_submission(data) == parse.Submission("x", {}, None, 2, None)
+
+
 def test_request_digest__ignores_formatting_and_key_order_not_values():
     a = parse.request_digest("POST", "jobs", json.loads('{"operation": "x", "input": {"a": 1}}'))
     b = parse.request_digest("post", "jobs", json.loads('{"input":{"a":1},"operation":"x"}'))

@@ -469,6 +469,35 @@ def test_idempotency__same_key_and_body_replays_the_first_response(api):
     assert IdempotencyKey.objects.get().job_id == first.json()["id"]
 
 
+@pytest.mark.parametrize(
+    ("first", "again"),
+    [
+        ({"input": {"units": 2}}, {"input": {"units": 2.0}}),  # one JSON number
+        ({}, {"input": {}}),
+        ({}, {"input": None}),
+        ({}, {"priority": None, "queue": None, "on_restart": None}),
+        ({}, {"priority": 0, "queue": "default", "on_restart": "resume"}),  # noop's own
+        ({"priority": 3}, {"priority": 3.0}),
+    ],
+)
+def test_idempotency__equivalent_requests_replay(api, first, again):
+    one = submit(api, {"operation": "durable.noop", **first}, key="same")
+    other = submit(api, {"operation": "durable.noop", **again}, key="same")
+    assert (one.status_code, other.status_code) == (202, 202), other.text
+    assert other.headers["Idempotent-Replayed"] == "true"
+    assert other.content == one.content
+    assert Job.objects.count() == 1
+
+
+def test_submit__a_whole_float_priority_is_that_integer(api):
+    response = submit(api, {"operation": "durable.noop", "priority": 7.0})
+    assert response.status_code == 202
+    assert Job.objects.get().priority == 7
+    assert problem_fields(submit(api, {"operation": "durable.noop", "priority": 7.5})) == [
+        "priority"
+    ]
+
+
 def test_idempotency__same_key_other_body_is_422(api):
     first = submit(api, key="k1")
     other = submit(api, {"operation": "durable.noop", "input": {"units": 3}}, key="k1")
