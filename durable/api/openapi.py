@@ -401,6 +401,7 @@ def build_document(prefix: str = "/api/") -> dict[str, Any]:
                     },
                     "400": _problem("Malformed JSON, invalid fields or unknown operation."),
                     **AUTH_PROBLEMS,
+                    "411": _problem("A chunked body: send it with a Content-Length."),
                     "413": _problem("The body is larger than DURABLE_API_MAX_BODY_BYTES."),
                     "415": _problem("The body is not application/json."),
                     "422": _problem("The Idempotency-Key was used with a different body."),

@@ -16,7 +16,6 @@ from http import HTTPStatus
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.urls import reverse
@@ -169,23 +168,38 @@ def _query(request: HttpRequest) -> dict[str, list[str]]:
 
 
 def read_json_body(request: HttpRequest) -> dict[str, Any]:
-    """The body as a JSON object, or a precise 413/415/400."""
+    """The body as a JSON object, or a precise 411/413/415/400.
+
+    Read with ``request.read``, not ``request.body``: the API's own limit,
+    ``DURABLE_API_MAX_BODY_BYTES``, is the one that applies (``request.body``
+    would refuse anything above Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE`` and
+    the 413 would name the wrong limit).
+    """
     if not is_json_content_type(request.META.get("CONTENT_TYPE")):
         raise Refusal(
             415, "unsupported_media_type", "send the body as Content-Type: application/json"
+        )
+    if request.META.get("HTTP_TRANSFER_ENCODING"):
+        # WSGI hands Django a chunked body as an empty one (no Content-Length), so
+        # without this the answer would be "the request body is empty".
+        raise Refusal(
+            411,
+            "length_required",
+            "send the body with a Content-Length header; chunked request bodies are not accepted",
         )
     limit = int(_setting("DURABLE_API_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES))
     try:
         length = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
         length = 0
-    too_large = Refusal(413, "body_too_large", f"the request body is larger than {limit} bytes")
+    too_large = Refusal(
+        413,
+        "body_too_large",
+        f"the request body is larger than {limit} bytes (DURABLE_API_MAX_BODY_BYTES)",
+    )
     if length > limit:
         raise too_large
-    try:
-        body = request.body
-    except RequestDataTooBig:
-        raise too_large from None
+    body = request.read(limit + 1)
     if len(body) > limit:
         raise too_large
     data = loads_json_object(body)

@@ -420,11 +420,31 @@ def test_submit__oversized_body_is_413_before_it_is_parsed(api, settings):
     big = {"operation": "durable.noop", "input": {"pad": "x" * 1000}}
     response = submit(api, big)
     assert response.status_code == 413
-    assert "1000 bytes" in response.json()["detail"]
+    assert "1000 bytes (DURABLE_API_MAX_BODY_BYTES)" in response.json()["detail"]
     assert not Job.objects.exists()
     fits = {"operation": "durable.noop", "input": {"units": 1, "pad": "x" * 900}}
     assert len(json.dumps(fits)) < 1000
     assert submit(api, fits).status_code == 202  # just under the limit
+
+
+def test_submit__the_api_limit_applies_not_djangos_upload_limit(api, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000  # below the API's own limit
+    settings.DURABLE_API_MAX_BODY_BYTES = 5000
+    fits = {"operation": "durable.noop", "input": {"units": 1, "pad": "x" * 2000}}
+    assert submit(api, fits).status_code == 202
+    big = {"operation": "durable.noop", "input": {"pad": "x" * 6000}}
+    refused = submit(api, big)
+    assert refused.status_code == 413
+    assert "5000 bytes (DURABLE_API_MAX_BODY_BYTES)" in refused.json()["detail"]
+
+
+def test_submit__a_chunked_body_is_411_not_empty(api):
+    chunks = iter([json.dumps(NOOP).encode()])  # httpx sends an iterator chunked
+    response = api.post("/api/jobs", content=chunks, headers={"Content-Type": "application/json"})
+    assert response.status_code == 411
+    assert response.json()["code"] == "length_required"
+    assert "Content-Length" in response.json()["detail"]
+    assert not Job.objects.exists()
 
 
 def test_submit__input_over_the_engine_limit_is_400_on_input(api, settings):

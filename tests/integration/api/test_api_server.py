@@ -209,6 +209,14 @@ def test_hostile_requests__get_precise_refusals_never_a_500(live):
         + b"Content-Length: 100000000\r\n\r\n{",
     )  # fmt: skip
     assert huge.startswith(b"HTTP/1.1 413"), huge[:200]
+    # A chunked body (no Content-Length): 411, not "the request body is empty".
+    chunked = raw_request(
+        url,
+        b"POST /api/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + json_type
+        + b"Transfer-Encoding: chunked\r\n\r\n"
+        + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n",
+    )  # fmt: skip
+    assert chunked.startswith(b"HTTP/1.1 411"), chunked[:300]
     # Invalid UTF-8 in the body, a lone surrogate escape, a NUL character.
     assert post(json_type, b'{"operation": "\xff"}').startswith(b"HTTP/1.1 400")
     lone = b'{"operation": "durable.noop", "input": {"x": "\\ud800"}}'
