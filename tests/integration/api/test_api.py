@@ -5,6 +5,7 @@ Every response is also checked against the OpenAPI document (see conftest).
 
 from __future__ import annotations
 
+import hmac
 import io
 import json
 import threading
@@ -21,6 +22,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from durable import jobs, signals
+from durable.api import tokens, views
 from durable.api.models import Client, IdempotencyKey
 from durable.models import Job
 from durable.operations import Access, get_operation
@@ -89,8 +91,9 @@ def test_auth__bad_credentials_are_401(api, refusals, header, key):
 
 
 def test_auth__right_prefix_wrong_secret_is_401(api, refusals):
-    prefix_part = api.token.rsplit("_", 1)[0]
-    forged = prefix_part + "_" + "B" * 43
+    # "dur_<12 hex>_": the secret itself may contain "_", so cut by length, not by "_".
+    forged = api.token[: len("dur_0123456789ab_")] + "B" * 43
+    assert tokens.token_prefix(forged) == tokens.token_prefix(api.token)
     response = api.get("/api/jobs", token=forged)
     assert response.status_code == 401
     assert refusals[-1]["key"] == "invalid-token"
@@ -174,6 +177,28 @@ def test_auth__the_security_tally_stays_bounded_when_the_address_varies(api):
 def test_auth__x_forwarded_for_is_ignored_without_trusted_proxies(api, refusals):
     api.get("/api/jobs", token=None, headers={"X-Forwarded-For": "203.0.113.9"})
     assert refusals[-1]["ip"] == "192.0.2.7"  # TRUSTED_PROXY_COUNT = 0: the TCP peer
+
+
+def test_auth__every_token_is_compared_in_constant_time(api, monkeypatch):
+    """Each path — right token, right prefix wrong secret, unknown prefix, no prefix —
+    compares one SHA-256 with hmac.compare_digest, never with ``==``."""
+    calls: list[tuple[str, str]] = []
+    real = hmac.compare_digest
+
+    def spy(a, b):
+        calls.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(tokens.hmac, "compare_digest", spy)
+    stored = Client.objects.get(name="ci").token_hash
+    forged = api.token[: len("dur_0123456789ab_")] + "B" * 43  # the secret may hold "_"
+    unknown = "dur_0123456789ab_" + "A" * 43
+    cases = [(api.token, stored, 200), (forged, stored, 401), (unknown, tokens._DUMMY_HASH, 401)]
+    cases.append(("not-a-token", tokens._DUMMY_HASH, 401))
+    for token, against, status in cases:
+        calls.clear()
+        assert api.get("/api/jobs", token=token).status_code == status
+        assert calls == [(tokens.hash_token(token), against)]
 
 
 def test_openapi_document__is_public_and_lists_every_path(api):
@@ -466,6 +491,27 @@ def test_views__are_csrf_exempt_and_never_touch_sessions(make_client):
     assert not response.cookies
     assert "Cookie" not in response.get("Vary", "")
     assert response["Cache-Control"] == "no-store"
+
+
+@pytest.mark.django_db(transaction=True)  # another connection must see the commit
+def test_submit__commits_before_the_view_answers_even_under_atomic_requests(api, monkeypatch):
+    """With ATOMIC_REQUESTS the site wraps every view in a transaction that commits only
+    after the view returns. The API opts out: the job is visible from another
+    connection the moment ``submit`` hands back the 202, before the view returns."""
+    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+    seen: list[bool] = []
+    real_submit = views.submit
+
+    def submit_then_look(client, submission, **kwargs):
+        reply = real_submit(client, submission, **kwargs)
+        job_id = json.loads(reply.body)["id"]
+        race(1, lambda: seen.append(Job.objects.filter(pk=job_id).exists()))
+        return reply
+
+    monkeypatch.setattr(views, "submit", submit_then_look)
+    assert submit(api, key="k").status_code == 202
+    assert submit(api).status_code == 202
+    assert seen == [True, True]
 
 
 # --- idempotency ----------------------------------------------------------------------------
