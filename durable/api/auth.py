@@ -148,8 +148,37 @@ def offered_operation(name: str) -> Operation:
 def authorize_operation(request: HttpRequest, client: Client, name: str) -> Operation:
     """The operation, if ``client`` may start it (or schedule it); else raise 400 or 403."""
     operation = offered_operation(name)
+    _check_access(request, client, operation)
+    return operation
+
+
+def authorize_schedule_change(request: HttpRequest, client: Client, name: str) -> None:
+    """Enabling, disabling or removing a schedule of ``name`` needs what creating it did.
+
+    ``DURABLE_API_OPERATIONS`` is not consulted: it limits what is started, and a
+    client may always stop what it may start. An operation that is no longer
+    registered needs ``jobs:admin``: nobody can tell any more what it was allowed.
+    """
+    try:
+        operation = get_operation(name)
+    except UnknownOperation:
+        if client.has_scope(ADMIN_SCOPE):
+            return
+        raise refuse(
+            request,
+            "insufficient-scope",
+            client=client,
+            scope=ADMIN_SCOPE,
+            why=f"{name} is not a registered operation; changing its schedule needs the "
+            f"{ADMIN_SCOPE} scope",
+        ) from None
+    _check_access(request, client, operation)
+
+
+def _check_access(request: HttpRequest, client: Client, operation: Operation) -> None:
+    name = operation.name
     if may_start(operation, privileged=client.has_scope(ADMIN_SCOPE)):
-        return operation
+        return
     if operation.access == Access.SYSTEM:
         raise refuse(
             request,

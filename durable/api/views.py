@@ -160,7 +160,7 @@ def _job_or_404(job_id: int) -> Job:
     return job
 
 
-def _query(request: HttpRequest) -> dict[str, list[str]]:
+def query_params(request: HttpRequest) -> dict[str, list[str]]:
     return dict(request.GET.lists())
 
 
@@ -247,7 +247,7 @@ def submit_job(request: HttpRequest, client: Client) -> HttpResponse:
 
 def list_jobs(request: HttpRequest) -> HttpResponse:
     """Newest first, keyset-paginated on id: page N costs what page 1 costs."""
-    query = parse_list_query(_query(request))
+    query = parse_list_query(query_params(request))
     rows = Job.objects.all()
     if query.states:
         rows = rows.filter(state__in=query.states)
@@ -280,7 +280,7 @@ def job_events_view(request: HttpRequest, client: Client | None, job_id: int) ->
     # job seen finished here has all its events visible to the next query, and
     # "finished" never makes a client stop before the last event.
     job = _job_or_404(job_id)
-    query = parse_events_query(_query(request), request.headers.get("Last-Event-ID"))
+    query = parse_events_query(query_params(request), request.headers.get("Last-Event-ID"))
     if wants_event_stream(request.headers.get("Accept")):
         return stream_events(job, query.after)
     events = list(

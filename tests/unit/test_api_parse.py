@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 
@@ -394,3 +395,73 @@ def test_tokens__malformed_has_no_prefix(token):
 )
 def test_may_act_on(owner, scopes, allowed):
     assert auth.may_act_on(owner, Client(name="ci", scopes=scopes)) is allowed
+
+
+# --- schedules ----------------------------------------------------------------------------
+
+
+def test_parse_schedule__defaults_and_values():
+    assert parse.parse_schedule(
+        {"name": " nightly ", "operation": "x", "cron": "@daily"}
+    ) == parse.ScheduleSpec("nightly", "x", cron="@daily")
+    spec = parse.parse_schedule(
+        {"name": "n", "operation": "x", "interval": "90s", "input": {"a": 1}, "time_zone": None,
+         "catch_up": "skip", "overlap": True, "queue": "bulk", "priority": 3.0, "enabled": False}
+    )  # fmt: skip
+    assert spec == parse.ScheduleSpec(
+        "n", "x", every=timedelta(seconds=90), input={"a": 1}, catch_up="skip", overlap=True,
+        queue="bulk", priority=3, enabled=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("data", "bad"),
+    [
+        ({"operation": "x", "cron": "@daily"}, ["name"]),
+        ({"name": "a\nb", "operation": "x", "cron": "@daily"}, ["name"]),
+        ({"name": "n", "cron": "@daily"}, ["operation"]),
+        ({"name": "n", "operation": "x"}, ["cron"]),  # neither
+        ({"name": "n", "operation": "x", "cron": "@daily", "interval": "1h"}, ["cron"]),  # both
+        ({"name": "n", "operation": "x", "cron": 5}, ["cron"]),  # a type error is not "both"
+        ({"name": "n", "operation": "x", "cron": "@often"}, ["cron"]),
+        ({"name": "n", "operation": "x", "interval": "-1m"}, ["interval"]),
+        ({"name": "n", "operation": "x", "interval": 60}, ["interval"]),  # seconds as a string
+        ({"name": "n", "operation": "x", "cron": "@daily", "time_zone": "Nowhere"}, ["time_zone"]),
+        ({"name": "n", "operation": "x", "cron": "@daily", "overlap": 1}, ["overlap"]),
+        ({"name": "n", "operation": "x", "cron": "@daily", "enabled": "true"}, ["enabled"]),
+        ({"name": "n", "operation": "x", "cron": "@daily", "input": "{}"}, ["input"]),
+        ({"name": "n", "operation": "x", "cron": "@daily", "priority": True}, ["priority"]),
+        ({"name": "n", "operation": "x", "cron": "@daily", "unique_key": "k"}, ["unique_key"]),
+    ],
+)
+def test_parse_schedule__refuses(data, bad):
+    with pytest.raises(Refusal) as info:
+        parse.parse_schedule(data)
+    assert fields(info) == bad
+
+
+@pytest.mark.parametrize(
+    ("data", "result"),
+    [({"enabled": True}, True), ({"enabled": False}, False)],
+)
+def test_parse_schedule_patch(data, result):
+    assert parse.parse_schedule_patch(data) is result
+
+
+@pytest.mark.parametrize(
+    ("data", "bad"),
+    [({}, ["enabled"]), ({"enabled": 0}, ["enabled"]), ({"enabled": True, "name": "x"}, ["name"])],
+)
+def test_parse_schedule_patch__refuses(data, bad):
+    with pytest.raises(Refusal) as info:
+        parse.parse_schedule_patch(data)
+    assert fields(info) == bad
+
+
+def test_parse_schedule_list_query():
+    assert parse.parse_schedule_list_query({}) == parse.ScheduleListQuery()
+    assert parse.parse_schedule_list_query(
+        {"operation": [""], "cursor": [""], "limit": ["3"]}
+    ) == parse.ScheduleListQuery(limit=3)
+    with pytest.raises(Refusal):
+        parse.parse_schedule_list_query({"state": ["queued"]})

@@ -132,6 +132,12 @@ class Api:
     def post(self, path: str, **kwargs: Any) -> httpx.Response:
         return self.request("POST", path, **kwargs)
 
+    def patch(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.request("PATCH", path, **kwargs)
+
+    def delete(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.request("DELETE", path, **kwargs)
+
     def with_token(self, token: str | None) -> Api:
         return Api(self.http, self.schema, token)
 
@@ -272,9 +278,9 @@ def live_server_factory(tmp_path: Path) -> Iterator:
 
 @pytest.fixture
 def live(openapi_schema, live_server_factory, make_client):
-    """A started gunicorn and an ``Api`` client for it (with a read+write token)."""
+    """A started gunicorn and an ``Api`` client for it (read and write, jobs and schedules)."""
     server = live_server_factory()
-    _, token = make_client("live")
+    _, token = make_client("live", ("jobs:read", "jobs:write", "schedules:read", "schedules:write"))
     with httpx.Client(base_url=server.url, timeout=30) as http:
         api = Api(http, openapi_schema, token)
         api.server = server  # type: ignore[attr-defined]
