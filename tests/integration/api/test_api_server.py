@@ -1,4 +1,4 @@
-"""The API served by a real gunicorn (sync workers) on 127.0.0.1, with real worker processes.
+"""The API served by a real gunicorn (gunicorn.conf.py: gthread workers) on 127.0.0.1, with workers.
 
 ``transaction=True`` everywhere: the server and the workers are other
 processes with their own connections, so the test's rows must really commit.
