@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BIND ?= 127.0.0.1:8000
 WEB_WORKERS ?= 2
+WEB_THREADS ?= 8
 WORKER_ARGS ?= --concurrency 2
 
 .PHONY: run test setup install lint soak bench clean
@@ -21,14 +22,15 @@ setup: $(STAMP)
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py collectstatic --noinput --verbosity 0
 
-# Starts one worker process and gunicorn; Ctrl-C stops both (the worker gracefully).
+# Starts one worker process and gunicorn (settings: gunicorn.conf.py); Ctrl-C stops both
+# (the worker gracefully).
 run: setup
 	$(BIN)/python manage.py ensure_admin
 	@echo "Problems dashboard: http://$(BIND)/problems/  (admin site: /admin/; stop with Ctrl-C)"
 	@trap 'kill -TERM $$worker 2>/dev/null; wait $$worker' EXIT INT TERM; \
 	$(BIN)/python manage.py runworker $(WORKER_ARGS) & worker=$$!; \
-	$(BIN)/gunicorn recovery.wsgi --bind $(BIND) --workers $(WEB_WORKERS) \
-		--access-logfile - --graceful-timeout 10
+	$(BIN)/gunicorn -c gunicorn.conf.py recovery.wsgi --bind $(BIND) \
+		--workers $(WEB_WORKERS) --threads $(WEB_THREADS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -3,8 +3,8 @@
     python bench/api.py [--requests N] [--threads T]
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/bench_issue6 python bench/api.py
 
-Starts ``gunicorn recovery.wsgi`` (2 sync workers, as ``make run``) on
-127.0.0.1, creates an API client, and sends N requests of each kind from T
+Starts gunicorn with the project's ``gunicorn.conf.py`` (2 gthread workers,
+as ``make run``) on 127.0.0.1, creates an API client, and sends N requests of each kind from T
 client threads. The baseline, in the same run: ``GET /api/jobs/<id>``, the
 cheapest authenticated read (token lookup, one indexed row, Django, HTTP).
 Reported: requests/s and the ratio to that baseline for
@@ -42,8 +42,9 @@ def start_server(database_url: str) -> tuple[subprocess.Popen, socket.socket, st
     env["DJANGO_SETTINGS_MODULE"] = "recovery.settings"
     log = open(BASE_DIR / "var" / "bench-api-gunicorn.log", "w")  # noqa: SIM115 - the child's
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "recovery.wsgi", "--bind", f"fd://{sock.fileno()}",
-         "--workers", "2", "--log-level", "warning"],
+        [sys.executable, "-m", "gunicorn", "-c", str(BASE_DIR / "gunicorn.conf.py"),
+         "recovery.wsgi", "--bind", f"fd://{sock.fileno()}", "--workers", "2",
+         "--log-level", "warning", "--access-logfile", "/dev/null"],
         cwd=BASE_DIR, env=env, pass_fds=[sock.fileno()], stdout=log, stderr=log,
     )  # fmt: skip
     log.close()

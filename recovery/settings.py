@@ -195,14 +195,17 @@ DURABLE_MAX_INPUT_BYTES = int(os.environ.get("DURABLE_MAX_INPUT_BYTES", str(64 *
 
 # Largest POST body accepted; larger ones get 413 before they are read.
 DURABLE_API_MAX_BODY_BYTES = int(os.environ.get("DURABLE_API_MAX_BODY_BYTES", str(256 * 1024)))
-# One SSE stream holds a gunicorn sync worker this long at most (keep it below
-# gunicorn's --timeout, 30 s by default); the client then reconnects.
+# One SSE stream holds a gunicorn thread this long at most; the client then reconnects.
 DURABLE_API_STREAM_SECONDS = float(os.environ.get("DURABLE_API_STREAM_SECONDS", "25"))
+# Event streams one web process serves at once; more get 503 + Retry-After. Keep it
+# below gunicorn's threads per process (WEB_THREADS, 8) so pages always find a thread.
+DURABLE_API_MAX_STREAMS = int(os.environ.get("DURABLE_API_MAX_STREAMS", "4"))
 DURABLE_API_STREAM_POLL_SECONDS = float(os.environ.get("DURABLE_API_STREAM_POLL_SECONDS", "1"))
 DURABLE_API_STREAM_KEEPALIVE_SECONDS = float(
     os.environ.get("DURABLE_API_STREAM_KEEPALIVE_SECONDS", "10")
 )
-# Comma-separated operation names clients may submit; empty: every registered one.
+# Comma-separated operation names clients may submit or schedule, on top of each
+# operation's access rule (Operation.access); empty: every one that rule allows.
 DURABLE_API_OPERATIONS = env_list("DURABLE_API_OPERATIONS", "") or None
 
 # --- External services: outbound HTTP, webhooks, mail, credentials (issue 3) -----

@@ -9,7 +9,17 @@ from django.utils import timezone
 from ..models import Job
 from ..states import FINISHED_STATES
 
-SCOPES = ("jobs:read", "jobs:write")
+# Independent of each other: jobs:write does not imply jobs:read, nor jobs:admin either.
+ADMIN_SCOPE = "jobs:admin"
+SCOPES = ("jobs:read", "jobs:write", ADMIN_SCOPE, "schedules:read", "schedules:write")
+SCOPE_HELP = {
+    "jobs:read": "list and read jobs and their events",
+    "jobs:write": "submit jobs; cancel, pause, resume, retry its own jobs",
+    ADMIN_SCOPE: "with jobs:write or schedules:write: privileged operations, "
+    "and actions on every client's jobs",
+    "schedules:read": "list and read scheduled rules",
+    "schedules:write": "create, enable, disable and delete scheduled rules",
+}
 
 
 class Client(models.Model):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..states import JobState, OnRestart
+from ..states import FINISHED_STATES, JobState, OnRestart
 from .parse import (
     EVENTS_DEFAULT_LIMIT,
     EVENTS_MAX_LIMIT,
@@ -18,6 +18,7 @@ from .parse import (
     MAX_ID,
     MAX_IDEMPOTENCY_KEY,
     MAX_OPERATION_NAME,
+    MAX_SCHEDULE_NAME,
 )
 
 ACTIONS = ("cancel", "pause", "resume", "retry")
@@ -33,6 +34,12 @@ def _nullable(type_: str, **extra: Any) -> dict[str, Any]:
 
 TIMESTAMP = {"type": "string", "format": "date-time"}
 NULLABLE_TIMESTAMP = _nullable("string", format="date-time")
+
+SCHEDULE_FIELDS = [
+    "id", "url", "name", "operation", "input", "cron", "interval", "interval_seconds",
+    "time_zone", "rule", "catch_up", "overlap", "queue", "priority", "enabled", "managed",
+    "next_run_at", "last_run_at", "created_at", "updated_at",
+]  # fmt: skip
 
 JOB_FIELDS = [
     "id", "url", "events_url", "operation", "state", "finished", "owner", "tenant",
@@ -79,12 +86,27 @@ SCHEMAS: dict[str, Any] = {
                 "description": "A registered operation, e.g. `durable.noop`.",
             },
             "input": {
-                "type": "object",
-                "description": "The operation's input: JSON, no secrets (pass `*_ref` names).",
+                "type": ["object", "null"],
+                "description": "The operation's input: JSON, no secrets (pass `*_ref` names). "
+                "Absent or null: `{}`.",
             },
-            "queue": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"},
-            "priority": {"type": "integer", "minimum": -100, "maximum": 100},
-            "on_restart": {"type": "string", "enum": list(OnRestart.values)},
+            "queue": {
+                "type": ["string", "null"],
+                "pattern": "^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$",
+                "description": "Absent or null: the operation's queue.",
+            },
+            "priority": {
+                "type": ["integer", "null"],
+                "minimum": -100,
+                "maximum": 100,
+                "description": "Higher runs first. Absent or null: the operation's. "
+                "A whole number; `5.0` is `5`.",
+            },
+            "on_restart": {
+                "type": ["string", "null"],
+                "enum": [*OnRestart.values, None],
+                "description": "Absent or null: the operation's policy.",
+            },
         },
     },
     "Job": {
@@ -153,16 +175,56 @@ SCHEMAS: dict[str, Any] = {
         },
     },
     "StreamEvent": {
+        "description": "One event of a `text/event-stream` body, as an SSE client "
+        "dispatches it (WHATWG HTML, server-sent events): its type `event` (`message` when "
+        "the frame names none), `data`, and `id`, the last event id seen on the "
+        "connection. OpenAPI 3.1 has no way to say that a schema describes each event "
+        "rather than the whole body: this one does. One `message` per job event, `id` "
+        "its seq and `data` the JobEvent as JSON; once the job is finished, one `end` "
+        "with a StreamEnd. The stream starts with `retry: 2000` (a frame without data, "
+        "so no event) and may carry comment lines (`: keep-alive`).",
+        "oneOf": [
+            {
+                "type": "object",
+                "required": ["event", "id", "data"],
+                "additionalProperties": False,
+                "properties": {
+                    "event": {"const": "message"},
+                    "id": {"type": "string", "pattern": "^[1-9][0-9]*$"},
+                    "data": {
+                        "type": "string",
+                        "contentMediaType": "application/json",
+                        "contentSchema": _ref("JobEvent"),
+                    },
+                },
+            },
+            {
+                "type": "object",
+                "required": ["event", "data"],
+                "additionalProperties": False,
+                "properties": {
+                    "event": {"const": "end"},
+                    "id": {"type": "string", "pattern": "^[1-9][0-9]*$"},
+                    "data": {
+                        "type": "string",
+                        "contentMediaType": "application/json",
+                        "contentSchema": _ref("StreamEnd"),
+                    },
+                },
+            },
+        ],
+    },
+    "StreamEnd": {
         "type": "object",
-        "description": "One server-sent event. Default type (`message`): `id` is the job "
-        "event's seq and `data` a JobEvent as JSON. Type `end`, sent once when the job is "
-        'finished: `data` is `{"state": ..., "last_event_seq": ...}`.',
-        "required": ["data"],
+        "required": ["state", "last_event_seq"],
+        "additionalProperties": False,
         "properties": {
-            "event": {"type": "string", "enum": ["message", "end"]},
-            "id": {"type": "string", "pattern": "^[0-9]+$"},
-            "data": {"type": "string", "contentMediaType": "application/json"},
-            "retry": {"type": "integer"},
+            "state": {
+                "type": ["string", "null"],
+                "enum": [*FINISHED_STATES, None],
+                "description": "null: the job was deleted while the stream was open.",
+            },
+            "last_event_seq": {"type": "integer", "minimum": 0},
         },
     },
     "JobPage": {
@@ -184,6 +246,141 @@ SCHEMAS: dict[str, Any] = {
             "events": {"type": "array", "items": _ref("JobEvent")},
             "next_after": {"type": "integer", "minimum": 0, "description": "Pass as `after`."},
             "has_more": {"type": "boolean"},
+        },
+    },
+    "ScheduleSubmission": {
+        "type": "object",
+        "required": ["name", "operation"],
+        "additionalProperties": False,
+        "description": "A scheduled rule: every occurrence enqueues `operation` with `input`. "
+        "Exactly one of `cron` and `interval`. Null means the default.",
+        "examples": [
+            {
+                "name": "nightly-backup",
+                "operation": "backup.database",
+                "cron": "30 3 * * *",
+                "time_zone": "Europe/Helsinki",
+            },
+            {
+                "name": "scan-uploads",
+                "operation": "integrity.scan",
+                "interval": "6h",
+                "input": {"storage": "default"},
+                "enabled": False,
+            },
+        ],
+        "properties": {
+            "name": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_SCHEDULE_NAME,
+                "description": "Unique; no tabs or line breaks.",
+            },
+            "operation": {"type": "string", "minLength": 1, "maxLength": MAX_OPERATION_NAME},
+            "cron": {
+                "type": ["string", "null"],
+                "description": "5 fields (`30 3 * * *`, `*/15 * * * MON-FRI`) or @hourly, "
+                "@daily, @weekly, @monthly, @yearly; on the wall clock of `time_zone`.",
+            },
+            "interval": {
+                "type": ["string", "null"],
+                "description": "Elapsed time: `90s`, `15m`, `1h`, `1d`, `2w` (a bare number "
+                "is seconds); 0.1 s to 366 days.",
+            },
+            "input": {"type": ["object", "null"], "description": "The jobs' input; no secrets."},
+            "time_zone": {
+                "type": ["string", "null"],
+                "description": "IANA name, for `cron`; empty or null: the site's TIME_ZONE.",
+            },
+            "catch_up": {
+                "type": ["string", "null"],
+                "enum": ["latest", "skip", None],
+                "description": "After downtime: run the latest missed occurrence once "
+                "(`latest`, the default), or none (`skip`).",
+            },
+            "overlap": {
+                "type": ["boolean", "null"],
+                "description": "Enqueue even while the previous occurrence's job is unfinished.",
+            },
+            "queue": {
+                "type": ["string", "null"],
+                "pattern": "^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$",
+                "description": "Null: the operation's queue.",
+            },
+            "priority": {
+                "type": ["integer", "null"],
+                "minimum": -100,
+                "maximum": 100,
+                "description": "Null: the operation's priority.",
+            },
+            "enabled": {"type": ["boolean", "null"], "description": "Null: true."},
+        },
+    },
+    "SchedulePatch": {
+        "type": "object",
+        "required": ["enabled"],
+        "additionalProperties": False,
+        "properties": {
+            "enabled": {
+                "type": "boolean",
+                "description": "Enabling starts from the first occurrence after now; those "
+                "that fell while it was disabled are not caught up.",
+            }
+        },
+    },
+    "Occurrence": {
+        "type": "object",
+        "required": ["scheduled_for", "job_id", "job_url", "missed", "note"],
+        "properties": {
+            "scheduled_for": TIMESTAMP,
+            "job_id": _nullable("integer", description="null: nothing was enqueued."),
+            "job_url": _nullable("string"),
+            "missed": {"type": "integer", "minimum": 0},
+            "note": {"type": "string"},
+        },
+    },
+    "Schedule": {
+        "type": "object",
+        "required": SCHEDULE_FIELDS,
+        "properties": {
+            "id": {"type": "integer", "minimum": 1},
+            "url": {"type": "string"},
+            "name": {"type": "string"},
+            "operation": {"type": "string"},
+            "input": {"type": "object"},
+            "cron": _nullable("string", description="Normalised (macros expanded)."),
+            "interval": _nullable("string", description="`15m`, `1h`, …"),
+            "interval_seconds": _nullable("number"),
+            "time_zone": _nullable("string", description="The zone cron follows; null: interval."),
+            "rule": {"type": "string", "description": "For people: `cron 30 3 * * * (UTC)`."},
+            "catch_up": {"type": "string", "enum": ["latest", "skip"]},
+            "overlap": {"type": "boolean"},
+            "queue": _nullable("string", description="null: the operation's."),
+            "priority": _nullable("integer", description="null: the operation's."),
+            "enabled": {"type": "boolean"},
+            "managed": {
+                "type": "boolean",
+                "description": "Created from the site's settings: may be disabled, not deleted.",
+            },
+            "next_run_at": NULLABLE_TIMESTAMP,
+            "last_run_at": NULLABLE_TIMESTAMP,
+            "created_at": TIMESTAMP,
+            "updated_at": TIMESTAMP,
+            "recent_occurrences": {
+                "type": "array",
+                "description": "`GET /schedules/{id}` only: the latest applied occurrences, "
+                "newest first.",
+                "items": _ref("Occurrence"),
+            },
+        },
+    },
+    "SchedulePage": {
+        "type": "object",
+        "required": ["schedules", "next_cursor", "next"],
+        "properties": {
+            "schedules": {"type": "array", "items": _ref("Schedule")},
+            "next_cursor": _nullable("string", description="Pass as `cursor`; null: last page."),
+            "next": _nullable("string", description="The next page's URL."),
         },
     },
     "ActionResult": {
@@ -218,10 +415,18 @@ AUTH_PROBLEMS = {
         "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
     },
     "403": {
-        **_problem("The token lacks the scope this needs."),
+        **_problem(
+            "The token lacks a scope this needs: the method's, or `jobs:admin` for a "
+            "privileged operation or another client's job (`code` insufficient_scope, "
+            "with a WWW-Authenticate challenge); or the operation is never started "
+            "through the API (`code` operation_not_allowed)."
+        ),
         "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
     },
 }
+# One value of ``state``: an empty one, or job states separated by commas (spaces allowed).
+_STATE = "|".join(JobState.values)
+STATE_LIST = f"^( *({_STATE}) *(, *({_STATE}) *)*| *)$"
 JOB_ID = {
     "name": "job_id",
     "in": "path",
@@ -244,7 +449,8 @@ def _action(name: str) -> dict[str, Any]:
             "operationId": f"{name}Job",
             "summary": f"{name.capitalize()} a job (the dashboard's atomic transition).",
             "description": "No request body. 200 when applied or already so; 409 when the "
-            "job's state does not allow it.",
+            "job's state does not allow it. A client acts on the jobs it submitted; on "
+            "other jobs only with the `jobs:admin` scope.",
             "parameters": [JOB_ID],
             "security": [{"bearer": ["jobs:write"]}],
             "responses": {
@@ -254,6 +460,121 @@ def _action(name: str) -> dict[str, Any]:
                 "409": _problem("The job's state does not allow this action."),
             },
         }
+    }
+
+
+BODY_PROBLEMS = {
+    "400": _problem("Malformed JSON or invalid fields; `errors` says which."),
+    "411": _problem("A chunked body: send it with a Content-Length."),
+    "413": _problem("The body is larger than DURABLE_API_MAX_BODY_BYTES."),
+    "415": _problem("The body is not application/json."),
+}
+SCHEDULE_ID = {
+    "name": "schedule_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "integer", "minimum": 1, "maximum": MAX_ID},
+}
+
+
+def _schedule_paths(base: str) -> dict[str, Any]:
+    read, write = [{"bearer": ["schedules:read"]}], [{"bearer": ["schedules:write"]}]
+    admin_note = (
+        " The schedule's operation obeys the rule a submission does: never a system "
+        "operation; a privileged one only with `jobs:admin` too."
+    )
+    return {
+        f"{base}/schedules": {
+            "get": {
+                "operationId": "listSchedules",
+                "summary": "Scheduled rules, newest first, keyset-paginated.",
+                "security": read,
+                "parameters": [
+                    {
+                        "name": "operation",
+                        "in": "query",
+                        "description": "Schedules of this operation. Empty: no filter.",
+                        "schema": {"type": "string", "maxLength": MAX_OPERATION_NAME},
+                    },
+                    {
+                        "name": "cursor",
+                        "in": "query",
+                        "description": "`next_cursor` of the previous page. Empty: the first.",
+                        "schema": {"type": "string"},
+                    },
+                    _limit(LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT),
+                ],
+                "responses": {
+                    "200": _json("A page of schedules.", "SchedulePage"),
+                    "400": _problem("A bad parameter; `errors` says which."),
+                    **AUTH_PROBLEMS,
+                },
+            },
+            "post": {
+                "operationId": "createSchedule",
+                "summary": "Create a scheduled rule; its first occurrence is the first after now.",
+                "description": "Names are unique, so repeating a create is safe: the repeat "
+                "is `409`." + admin_note,
+                "security": write,
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("ScheduleSubmission")}},
+                },
+                "responses": {
+                    "201": {
+                        **_json("Created.", "Schedule"),
+                        "headers": {"Location": {"schema": {"type": "string"}, "required": True}},
+                    },
+                    **BODY_PROBLEMS,
+                    **AUTH_PROBLEMS,
+                    "409": _problem("A schedule with this name exists."),
+                },
+            },
+        },
+        f"{base}/schedules/{{schedule_id}}": {
+            "get": {
+                "operationId": "getSchedule",
+                "summary": "A schedule, with its latest occurrences and the jobs they enqueued.",
+                "security": read,
+                "parameters": [SCHEDULE_ID],
+                "responses": {
+                    "200": _json("The schedule.", "Schedule"),
+                    **AUTH_PROBLEMS,
+                    "404": _problem("No such schedule."),
+                },
+            },
+            "patch": {
+                "operationId": "setScheduleEnabled",
+                "summary": "Enable or disable a schedule.",
+                "description": admin_note.strip(),
+                "security": write,
+                "parameters": [SCHEDULE_ID],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("SchedulePatch")}},
+                },
+                "responses": {
+                    "200": _json("The schedule as it is now.", "Schedule"),
+                    **BODY_PROBLEMS,
+                    **AUTH_PROBLEMS,
+                    "404": _problem("No such schedule."),
+                },
+            },
+            "delete": {
+                "operationId": "deleteSchedule",
+                "summary": "Delete a schedule and its occurrence records (not its jobs).",
+                "description": "A schedule the site manages from its settings cannot be "
+                "deleted (`409`); disable it." + admin_note,
+                "security": write,
+                "parameters": [SCHEDULE_ID],
+                "responses": {
+                    "204": {"description": "Deleted."},
+                    **AUTH_PROBLEMS,
+                    "404": _problem("No such schedule."),
+                    "409": _problem("A schedule managed from the site's settings."),
+                },
+            },
+        },
     }
 
 
@@ -270,18 +591,27 @@ def build_document(prefix: str = "/api/") -> dict[str, Any]:
                     {
                         "name": "state",
                         "in": "query",
-                        "description": "One state or several, comma-separated.",
-                        "schema": {"type": "string", "enum": list(JobState.values)},
+                        "description": "Jobs in any of these states. Repeatable, and each "
+                        "value may list several, comma-separated (`state=failed,paused`). "
+                        "An empty value is no filter.",
+                        "style": "form",
+                        "explode": True,
+                        "schema": {
+                            "type": "array",
+                            "items": {"type": "string", "pattern": STATE_LIST},
+                        },
                     },
                     {
                         "name": "operation",
                         "in": "query",
-                        "schema": {"type": "string", "minLength": 1, "maxLength": 100},
+                        "description": "Jobs of this operation. Empty: no filter.",
+                        "schema": {"type": "string", "maxLength": MAX_OPERATION_NAME},
                     },
                     {
                         "name": "cursor",
                         "in": "query",
-                        "description": "`next_cursor` of the previous page (opaque).",
+                        "description": "`next_cursor` of the previous page (opaque). "
+                        "Empty: the first page.",
                         "schema": {"type": "string"},
                     },
                     _limit(LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT),
@@ -328,6 +658,7 @@ def build_document(prefix: str = "/api/") -> dict[str, Any]:
                     },
                     "400": _problem("Malformed JSON, invalid fields or unknown operation."),
                     **AUTH_PROBLEMS,
+                    "411": _problem("A chunked body: send it with a Content-Length."),
                     "413": _problem("The body is larger than DURABLE_API_MAX_BODY_BYTES."),
                     "415": _problem("The body is not application/json."),
                     "422": _problem("The Idempotency-Key was used with a different body."),
@@ -355,7 +686,8 @@ def build_document(prefix: str = "/api/") -> dict[str, Any]:
                 "job event with `id: <seq>`, resuming after `Last-Event-ID`; an `end` event "
                 "when the job is finished. A stream lasts at most DURABLE_API_STREAM_SECONDS; "
                 "reconnect with Last-Event-ID (EventSource does). 204 when the job is "
-                "finished and nothing follows the given position.",
+                "finished and nothing follows the given position; 503 when the server "
+                "process already serves DURABLE_API_MAX_STREAMS streams.",
                 "security": [{"bearer": ["jobs:read"]}],
                 "parameters": [
                     JOB_ID,
@@ -368,8 +700,9 @@ def build_document(prefix: str = "/api/") -> dict[str, Any]:
                     {
                         "name": "Last-Event-ID",
                         "in": "header",
-                        "description": "Overrides `after` (reconnecting SSE clients send it).",
-                        "schema": {"type": "string", "pattern": "^[0-9]{0,18}$"},
+                        "description": "Overrides `after` (reconnecting SSE clients send "
+                        f"it): a seq from 0 to {MAX_ID}; empty is none.",
+                        "schema": {"type": "string", "pattern": "^[0-9]{0,19}$"},
                     },
                 ],
                 "responses": {
@@ -384,6 +717,18 @@ def build_document(prefix: str = "/api/") -> dict[str, Any]:
                     "400": _problem("A bad parameter; `errors` says which."),
                     **AUTH_PROBLEMS,
                     "404": _problem("No such job."),
+                    "503": {
+                        **_problem(
+                            "Event stream: this server process already serves "
+                            "DURABLE_API_MAX_STREAMS streams; reconnect after Retry-After."
+                        ),
+                        "headers": {
+                            "Retry-After": {
+                                "required": True,
+                                "schema": {"type": "string", "pattern": "^[0-9]+$"},
+                            }
+                        },
+                    },
                 },
             }
         },
@@ -403,13 +748,16 @@ def build_document(prefix: str = "/api/") -> dict[str, Any]:
     }
     for action in ACTIONS:
         paths[f"{base}/jobs/{{job_id}}/{action}"] = _action(action)
+    paths.update(_schedule_paths(base))
     return {
         "openapi": "3.1.0",
         "info": {
             "title": "Durable jobs API",
             "version": "1.0.0",
             "description": "Submit durable jobs and follow them. Authenticate with "
-            "`Authorization: Bearer <token>` (`python manage.py create_api_client`).",
+            "`Authorization: Bearer <token>` (`python manage.py create_api_client`). Scopes: "
+            "`jobs:read`, `jobs:write`, `schedules:read`, `schedules:write`, and `jobs:admin` "
+            "on top of them for privileged operations and other clients' jobs.",
         },
         "paths": paths,
         "components": {

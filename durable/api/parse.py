@@ -13,13 +13,17 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
+from ..schedules.timing import CatchUp, normalise_cron, parse_interval
+from ..schedules.timing import time_zone as check_time_zone
 from ..states import JobState, OnRestart
 from .errors import FieldError, Refusal, invalid
 
 MAX_IDEMPOTENCY_KEY = 255
 MAX_OPERATION_NAME = 100
+MAX_SCHEDULE_NAME = 100
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 # RFC 6750 b64token; anything else after "Bearer " is malformed.
 B64TOKEN = re.compile(r"^[A-Za-z0-9\-._~+/]+=*$")
@@ -27,6 +31,11 @@ VISIBLE_ASCII = re.compile(r"^[\x21-\x7e]+$")
 UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 MAX_ID = 2**63 - 1  # BIGINT: a larger id cannot exist and must not reach the database
 SUBMISSION_FIELDS = ("operation", "input", "queue", "priority", "on_restart")
+SCHEDULE_FIELDS = (
+    "name", "operation", "cron", "interval", "input", "time_zone", "catch_up", "overlap",
+    "queue", "priority", "enabled",
+)  # fmt: skip
+HTTP_WHITESPACE = " \t"  # RFC 9110 OWS
 
 LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT = 50, 200
 EVENTS_DEFAULT_LIMIT, EVENTS_MAX_LIMIT = 100, 1000
@@ -108,9 +117,15 @@ def parse_idempotency_key(value: str | None) -> str | None:
 
 
 def parse_last_event_id(value: str | None) -> int | None:
-    if value is None or value.strip() == "":
+    """The seq in a ``Last-Event-ID`` header; empty means none (as for an absent header).
+
+    Only spaces and tabs around it are dropped: they are HTTP's optional
+    whitespace, not part of the value.
+    """
+    text = (value or "").strip(HTTP_WHITESPACE)
+    if text == "":
         return None
-    return _non_negative_int(value.strip(), "header.Last-Event-ID")
+    return _non_negative_int(text, "header.Last-Event-ID")
 
 
 # --- bodies -------------------------------------------------------------------------
@@ -153,14 +168,31 @@ def loads_json_object(body: bytes) -> dict[str, Any]:
     return data
 
 
+def json_numbers(value: Any) -> Any:
+    """``value`` with every integral float as an int: in JSON ``1.0`` and ``1`` are one number.
+
+    Called on cleaned input (``durable.sanitize`` bounds its depth), so recursion is safe.
+    """
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {key: json_numbers(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [json_numbers(item) for item in value]
+    return value
+
+
 def canonical_json(data: Any) -> str:
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(json_numbers(data), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def request_digest(method: str, path: str, data: Any) -> str:
     """What "the same request" means for an idempotency key: method, path, parsed body.
 
-    Whitespace and key order do not change it; any value does.
+    Whitespace, key order and how a number is written (``1`` or ``1.0``) do not
+    change it; any value does. ``POST /jobs`` passes ``Submission.fields()`` of
+    the submission with its defaults filled in, so ``"priority": null``, an
+    absent priority and the operation's own priority are the same request too.
     """
     text = f"{method.upper()} {path}\n{canonical_json(data)}"
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -168,20 +200,65 @@ def request_digest(method: str, path: str, data: Any) -> str:
 
 @dataclass(frozen=True)
 class Submission:
+    """A parsed ``POST /jobs`` body; None: the operation's default (``with_defaults``)."""
+
     operation: str
     input: dict[str, Any] = field(default_factory=dict)
     queue: str | None = None
     priority: int | None = None
     on_restart: str | None = None
 
+    def with_defaults(self, *, queue: str, priority: int, on_restart: str) -> Submission:
+        """Every None replaced by the operation's value, as ``enqueue`` would."""
+        return Submission(
+            self.operation,
+            self.input,
+            self.queue or queue,
+            priority if self.priority is None else self.priority,
+            self.on_restart or str(on_restart),
+        )
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "operation": self.operation,
+            "input": self.input,
+            "queue": self.queue,
+            "priority": self.priority,
+            "on_restart": self.on_restart,
+        }
+
+
+def _priority(value: Any, errors: list[FieldError]) -> int | None:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 5.0 is the number 5 in JSON
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not -100 <= value <= 100
+    ):
+        errors.append(FieldError("priority", "must be an integer from -100 to 100"))
+        return None
+    return value
+
+
+def _queue(value: Any, errors: list[FieldError]) -> str | None:
+    if value is not None and not (isinstance(value, str) and QUEUE_NAME.match(value)):
+        errors.append(
+            FieldError("queue", "must be 1 to 64 letters, digits, _ . : - (starting alphanumeric)")
+        )
+        return None
+    return value
+
+
+def _unknown_fields(data: Mapping[str, Any], allowed: Sequence[str]) -> list[FieldError]:
+    return [
+        FieldError(name, f"unknown field; allowed: {', '.join(allowed)}")
+        for name in data
+        if name not in allowed
+    ]
+
 
 def parse_submission(data: Mapping[str, Any]) -> Submission:
     """Check the fields of ``POST /jobs``; every problem is reported, not just the first."""
-    errors = [
-        FieldError(name, f"unknown field; allowed: {', '.join(SUBMISSION_FIELDS)}")
-        for name in data
-        if name not in SUBMISSION_FIELDS
-    ]
+    errors = _unknown_fields(data, SUBMISSION_FIELDS)
     operation = data.get("operation")
     if not isinstance(operation, str) or not 0 < len(operation) <= MAX_OPERATION_NAME:
         errors.append(
@@ -192,22 +269,126 @@ def parse_submission(data: Mapping[str, Any]) -> Submission:
         job_input = {}
     if not isinstance(job_input, dict):
         errors.append(FieldError("input", "must be a JSON object"))
-    queue = data.get("queue")
-    if queue is not None and not (isinstance(queue, str) and QUEUE_NAME.match(queue)):
-        errors.append(
-            FieldError("queue", "must be 1 to 64 letters, digits, _ . : - (starting alphanumeric)")
-        )
-    priority = data.get("priority")
-    if priority is not None and (
-        isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100
-    ):
-        errors.append(FieldError("priority", "must be an integer from -100 to 100"))
+    queue = _queue(data.get("queue"), errors)
+    priority = _priority(data.get("priority"), errors)
     on_restart = data.get("on_restart")
     if on_restart is not None and on_restart not in OnRestart.values:
         errors.append(FieldError("on_restart", f"must be one of {', '.join(OnRestart.values)}"))
     if errors:
         raise invalid(errors)
     return Submission(operation, job_input, queue, priority, on_restart)
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """A parsed ``POST /schedules`` body, in the terms of ``schedules.service.add_schedule``."""
+
+    name: str
+    operation: str
+    cron: str | None = None
+    every: timedelta | None = None
+    input: dict[str, Any] = field(default_factory=dict)
+    time_zone: str = ""
+    catch_up: str = CatchUp.LATEST.value
+    overlap: bool = False
+    queue: str = ""
+    priority: int | None = None
+    enabled: bool = True
+
+
+KIND_NAMES = {str: "a string", bool: "true or false", dict: "a JSON object"}
+
+
+def _optional(data: Mapping[str, Any], name: str, kind: type, errors: list[FieldError]) -> Any:
+    """``data[name]`` if absent, null or exactly of ``kind`` (True is no int, 1 no bool)."""
+    value = data.get(name)
+    if value is None or type(value) is kind:
+        return value
+    errors.append(FieldError(name, f"must be {KIND_NAMES[kind]} or null"))
+    return None
+
+
+def parse_schedule(data: Mapping[str, Any]) -> ScheduleSpec:
+    """Check the fields of ``POST /schedules``: types and shapes here, meaning in the service.
+
+    Exactly one of ``cron`` (5 fields or a macro) and ``interval`` (``90s``, ``15m``,
+    ``1h``, ``1d``, ``2w``; a bare number is seconds). Null means the default.
+    """
+    errors = _unknown_fields(data, SCHEDULE_FIELDS)
+    name = data.get("name")
+    if isinstance(name, str):
+        name = name.strip()
+    # The service's rule (schedules.service._fields), checked here so that what the
+    # service refuses later is about the input alone.
+    if (
+        not isinstance(name, str)
+        or not 0 < len(name) <= MAX_SCHEDULE_NAME
+        or any(ch.isspace() and ch != " " for ch in name)
+    ):
+        why = f"required: 1 to {MAX_SCHEDULE_NAME} characters, no tabs or newlines"
+        errors.append(FieldError("name", why))
+    operation = data.get("operation")
+    if not isinstance(operation, str) or not 0 < len(operation) <= MAX_OPERATION_NAME:
+        errors.append(
+            FieldError("operation", f"required: a string of 1 to {MAX_OPERATION_NAME} characters")
+        )
+    cron = _optional(data, "cron", str, errors)
+    interval = _optional(data, "interval", str, errors)
+    every = None
+    if (cron is None) == (interval is None) and not any(
+        e.field in ("cron", "interval") for e in errors
+    ):
+        errors.append(FieldError("cron", "give a cron expression or an interval (exactly one)"))
+    elif interval is not None:
+        try:
+            every = parse_interval(interval)
+        except ValueError as exc:
+            errors.append(FieldError("interval", str(exc)))
+    elif cron is not None:
+        try:
+            normalise_cron(cron)
+        except ValueError as exc:
+            errors.append(FieldError("cron", str(exc)))
+    job_input = _optional(data, "input", dict, errors) or {}
+    time_zone = (_optional(data, "time_zone", str, errors) or "").strip()
+    if time_zone:
+        try:
+            check_time_zone(time_zone)
+        except ValueError as exc:
+            errors.append(FieldError("time_zone", str(exc)))
+    catch_up = data.get("catch_up")
+    if catch_up is not None and catch_up not in {c.value for c in CatchUp}:
+        errors.append(FieldError("catch_up", "must be latest or skip"))
+    overlap = _optional(data, "overlap", bool, errors)
+    enabled = _optional(data, "enabled", bool, errors)
+    queue = _queue(data.get("queue"), errors)
+    priority = _priority(data.get("priority"), errors)
+    if errors:
+        raise invalid(errors)
+    return ScheduleSpec(
+        name=name,
+        operation=operation,
+        cron=cron,
+        every=every,
+        input=job_input,
+        time_zone=time_zone,
+        catch_up=catch_up or CatchUp.LATEST.value,
+        overlap=bool(overlap),
+        queue=queue or "",
+        priority=priority,
+        enabled=True if enabled is None else enabled,
+    )
+
+
+def parse_schedule_patch(data: Mapping[str, Any]) -> bool:
+    """``PATCH /schedules/<id>``: ``{"enabled": true|false}``, the one thing to change."""
+    errors = _unknown_fields(data, ("enabled",))
+    enabled = data.get("enabled")
+    if not isinstance(enabled, bool):
+        errors.append(FieldError("enabled", "required: true or false"))
+    if errors:
+        raise invalid(errors)
+    return enabled
 
 
 # --- query strings -------------------------------------------------------------------
@@ -219,12 +400,18 @@ def _non_negative_int(text: str, name: str, *, maximum: int = MAX_ID) -> int:
     return int(text)
 
 
-def _single(params: Mapping[str, Sequence[str]], name: str) -> str | None:
+def _single(
+    params: Mapping[str, Sequence[str]], name: str, *, empty_is_absent: bool = False
+) -> str | None:
+    """The parameter's one value. ``empty_is_absent``: ``name=`` means no value at all,
+    as an HTML form (or a URL template with a blank) sends an unused filter."""
     values = params.get(name)
     if not values:
         return None
     if len(values) > 1:
         raise invalid([FieldError(f"query.{name}", "give it once")])
+    if empty_is_absent and values[0] == "":
+        return None
     return values[0]
 
 
@@ -278,21 +465,27 @@ class ListQuery:
 
 
 def parse_list_query(params: Mapping[str, Sequence[str]]) -> ListQuery:
-    """``state`` (repeatable or comma-separated), ``operation``, ``cursor``, ``limit``."""
+    """``state`` (repeatable or comma-separated), ``operation``, ``cursor``, ``limit``.
+
+    An empty ``state``, ``operation`` or ``cursor`` is no filter, so
+    ``?state=&operation=&cursor=`` lists everything; ``limit`` must be a number.
+    """
     _reject_unknown(params, ("state", "operation", "cursor", "limit"))
     states: list[str] = []
     for value in params.get("state", []):
+        if value.strip(" ") == "":
+            continue
         for name in value.split(","):
-            name = name.strip()
+            name = name.strip(" ")
             if name not in JobState.values:
                 raise invalid(
                     [FieldError("query.state", f"must be one of {', '.join(JobState.values)}")]
                 )
             if name not in states:
                 states.append(name)
-    operation = _single(params, "operation")
+    operation = _single(params, "operation", empty_is_absent=True)
     if operation is not None and not (
-        0 < len(operation) <= MAX_OPERATION_NAME and operation.isprintable()
+        len(operation) <= MAX_OPERATION_NAME and operation.isprintable()
     ):
         raise invalid(
             [
@@ -301,10 +494,38 @@ def parse_list_query(params: Mapping[str, Sequence[str]]) -> ListQuery:
                 )
             ]
         )
-    cursor = _single(params, "cursor")
+    cursor = _single(params, "cursor", empty_is_absent=True)
     before_id = decode_cursor(cursor) if cursor is not None else None
     return ListQuery(
         tuple(states), operation, before_id, _limit(params, LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT)
+    )
+
+
+@dataclass(frozen=True)
+class ScheduleListQuery:
+    operation: str | None = None
+    before_id: int | None = None
+    limit: int = LIST_DEFAULT_LIMIT
+
+
+def parse_schedule_list_query(params: Mapping[str, Sequence[str]]) -> ScheduleListQuery:
+    """``operation``, ``cursor``, ``limit``; empty ``operation`` or ``cursor``: absent."""
+    _reject_unknown(params, ("operation", "cursor", "limit"))
+    operation = _single(params, "operation", empty_is_absent=True)
+    if operation is not None and not (
+        len(operation) <= MAX_OPERATION_NAME and operation.isprintable()
+    ):
+        raise invalid(
+            [
+                FieldError(
+                    "query.operation", f"must be 1 to {MAX_OPERATION_NAME} printable characters"
+                )
+            ]
+        )
+    cursor = _single(params, "cursor", empty_is_absent=True)
+    before_id = decode_cursor(cursor) if cursor is not None else None
+    return ScheduleListQuery(
+        operation, before_id, _limit(params, LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT)
     )
 
 

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from ..errors import InputRejected, UnknownOperation
+from ..errors import InputRejected
 from ..jobs import enqueue
 from ..models import Job
-from ..operations import get_operation
 from .errors import FieldError, Refusal, invalid
 from .models import Client, IdempotencyKey
 from .parse import Submission
@@ -37,18 +35,6 @@ class Reply:
     replayed: bool = False
 
 
-def allowed_operation(name: str) -> bool:
-    """``DURABLE_API_OPERATIONS`` (a list of names) limits what clients may submit."""
-    allowed = getattr(settings, "DURABLE_API_OPERATIONS", None)
-    if allowed is not None and name not in allowed:
-        return False
-    try:
-        get_operation(name)
-    except UnknownOperation:
-        return False
-    return True
-
-
 def _input_field(name: str) -> str:
     if name in ("priority", "input"):
         return name
@@ -56,11 +42,7 @@ def _input_field(name: str) -> str:
 
 
 def _enqueue(client: Client, submission: Submission) -> Job:
-    if not allowed_operation(submission.operation):
-        raise invalid(
-            [FieldError("operation", f"no operation named {submission.operation!r} is available")],
-            "unknown operation",
-        )
+    # The caller has checked that the client may start the operation (auth.authorize_operation).
     try:
         return enqueue(
             submission.operation,

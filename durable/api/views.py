@@ -7,6 +7,8 @@ change goes through ``durable.jobs``.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from functools import wraps
@@ -14,7 +16,6 @@ from http import HTTPStatus
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.urls import reverse
@@ -23,7 +24,7 @@ from django.views.decorators.csrf import csrf_exempt
 from .. import jobs
 from ..models import Job, JobEvent
 from ..states import FINISHED_STATES, Action
-from .auth import authenticate
+from .auth import authenticate, authorize_job_action, authorize_operation
 from .errors import FieldError, Refusal, invalid
 from .models import Client
 from .openapi import build_document
@@ -46,12 +47,16 @@ from .parse import (
 from .render import dumps, event_json, job_json
 from .submission import submit
 
+log = logging.getLogger("durable.api")
+
 JSON = "application/json"
 PROBLEM_JSON = "application/problem+json"
 DEFAULT_MAX_BODY_BYTES = 256 * 1024
 DEFAULT_STREAM_SECONDS = 25.0
 DEFAULT_STREAM_POLL_SECONDS = 1.0
 DEFAULT_STREAM_KEEPALIVE_SECONDS = 10.0
+DEFAULT_MAX_STREAMS = 4
+STREAMS_BUSY_RETRY_AFTER = 5  # seconds, for the 503 when every stream slot is taken
 STREAM_RETRY_MS = 2000
 STREAM_BATCH = 200
 ACTIONS: dict[str, Callable[..., jobs.Outcome]] = {
@@ -91,6 +96,28 @@ def problem(refusal: Refusal) -> HttpResponse:
     )
 
 
+def refused(request: HttpRequest, refusal: Refusal) -> HttpResponse:
+    """The problem+json answer, logged here instead of by Django.
+
+    Django logs every 4xx response with the request attached, and the
+    request's repr carries the query string — where a client may have put its
+    token (``?access_token=…``). This line names the path only; Django skips
+    a response marked as logged.
+    """
+    response = problem(refusal)
+    log.warning(
+        "api request refused",
+        extra={
+            "method": request.method,
+            "path": request.path,
+            "status": refusal.status,
+            "code": refusal.code,
+        },
+    )
+    response._has_been_logged = True  # django.utils.log.log_response's own marker
+    return response
+
+
 def endpoint(scopes: dict[str, str | None]) -> Callable:
     """Wrap a view: method check, bearer authentication for the method's scope,
     Refusals rendered as problem+json, and responses never cached.
@@ -114,7 +141,7 @@ def endpoint(scopes: dict[str, str | None]) -> Callable:
                 client = authenticate(request, scope) if scope else None
                 response = view(request, client, **kwargs)
             except Refusal as refusal:
-                response = problem(refusal)
+                response = refused(request, refusal)
             response["Cache-Control"] = "no-store"
             return response
 
@@ -133,7 +160,7 @@ def _job_or_404(job_id: int) -> Job:
     return job
 
 
-def _query(request: HttpRequest) -> dict[str, list[str]]:
+def query_params(request: HttpRequest) -> dict[str, list[str]]:
     return dict(request.GET.lists())
 
 
@@ -141,23 +168,38 @@ def _query(request: HttpRequest) -> dict[str, list[str]]:
 
 
 def read_json_body(request: HttpRequest) -> dict[str, Any]:
-    """The body as a JSON object, or a precise 413/415/400."""
+    """The body as a JSON object, or a precise 411/413/415/400.
+
+    Read with ``request.read``, not ``request.body``: the API's own limit,
+    ``DURABLE_API_MAX_BODY_BYTES``, is the one that applies (``request.body``
+    would refuse anything above Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE`` and
+    the 413 would name the wrong limit).
+    """
     if not is_json_content_type(request.META.get("CONTENT_TYPE")):
         raise Refusal(
             415, "unsupported_media_type", "send the body as Content-Type: application/json"
+        )
+    if request.META.get("HTTP_TRANSFER_ENCODING"):
+        # WSGI hands Django a chunked body as an empty one (no Content-Length), so
+        # without this the answer would be "the request body is empty".
+        raise Refusal(
+            411,
+            "length_required",
+            "send the body with a Content-Length header; chunked request bodies are not accepted",
         )
     limit = int(_setting("DURABLE_API_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES))
     try:
         length = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
         length = 0
-    too_large = Refusal(413, "body_too_large", f"the request body is larger than {limit} bytes")
+    too_large = Refusal(
+        413,
+        "body_too_large",
+        f"the request body is larger than {limit} bytes (DURABLE_API_MAX_BODY_BYTES)",
+    )
     if length > limit:
         raise too_large
-    try:
-        body = request.body
-    except RequestDataTooBig:
-        raise too_large from None
+    body = request.read(limit + 1)
     if len(body) > limit:
         raise too_large
     data = loads_json_object(body)
@@ -179,11 +221,22 @@ def jobs_view(request: HttpRequest, client: Client | None) -> HttpResponse:
     return list_jobs(request)
 
 
-def submit_job(request: HttpRequest, client: Client | None) -> HttpResponse:
+def submit_job(request: HttpRequest, client: Client) -> HttpResponse:
     key = parse_idempotency_key(request.headers.get("Idempotency-Key"))
     data = read_json_body(request)
     submission = parse_submission(data)
-    reply = submit(client, submission, key=key, digest=request_digest("POST", "jobs", data))
+    # Before the key is looked at: a replay is an answer to this client's request
+    # now, and a refused request never uses a key up.
+    operation = authorize_operation(request, client, submission.operation)
+    # The digest covers the submission as it will be enqueued, not the bytes sent, so
+    # equivalent requests (null or absent, 1 or 1.0, the operation's own priority) match.
+    # The input is hashed as sent: an operation's clean_input may add what differs
+    # from call to call (a backup's name is the time).
+    submission = submission.with_defaults(
+        queue=operation.queue, priority=operation.priority, on_restart=operation.on_restart
+    )
+    digest = request_digest("POST", "jobs", submission.fields())
+    reply = submit(client, submission, key=key, digest=digest)
     response = HttpResponse(reply.body, status=reply.status, content_type=JSON)
     for name, value in reply.headers.items():
         response[name] = value
@@ -194,7 +247,7 @@ def submit_job(request: HttpRequest, client: Client | None) -> HttpResponse:
 
 def list_jobs(request: HttpRequest) -> HttpResponse:
     """Newest first, keyset-paginated on id: page N costs what page 1 costs."""
-    query = parse_list_query(_query(request))
+    query = parse_list_query(query_params(request))
     rows = Job.objects.all()
     if query.states:
         rows = rows.filter(state__in=query.states)
@@ -227,7 +280,7 @@ def job_events_view(request: HttpRequest, client: Client | None, job_id: int) ->
     # job seen finished here has all its events visible to the next query, and
     # "finished" never makes a client stop before the last event.
     job = _job_or_404(job_id)
-    query = parse_events_query(_query(request), request.headers.get("Last-Event-ID"))
+    query = parse_events_query(query_params(request), request.headers.get("Last-Event-ID"))
     if wants_event_stream(request.headers.get("Accept")):
         return stream_events(job, query.after)
     events = list(
@@ -249,14 +302,80 @@ def job_events_view(request: HttpRequest, client: Client | None, job_id: int) ->
     )
 
 
+class StreamSlots:
+    """How many event streams this process serves at once, and the limit on that.
+
+    A stream holds the gunicorn thread serving it for its whole life, so
+    without a limit enough followers would take every thread and the
+    dashboard and API would wait behind them. One counter per process, which
+    is what holds the threads.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.open = 0
+
+    def acquire(self, limit: int) -> bool:
+        with self._lock:
+            if self.open >= limit:
+                return False
+            self.open += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self.open = max(0, self.open - 1)
+
+
+STREAM_SLOTS = StreamSlots()
+
+
+class HeldStream:
+    """A stream's frames; closing it frees its slot, once.
+
+    The WSGI server closes every response it was given (done, failed or the
+    client gone), and Django passes that on to an iterator with ``close``. A
+    generator's own ``finally`` would not do: it never runs if the generator
+    was closed before it started.
+    """
+
+    def __init__(self, frames: Iterator[str], slots: StreamSlots):
+        self._frames = frames
+        self._slots: StreamSlots | None = slots
+
+    def __iter__(self) -> HeldStream:
+        return self
+
+    def __next__(self) -> str:
+        return next(self._frames)
+
+    def close(self) -> None:
+        slots, self._slots = self._slots, None
+        if slots is not None:
+            try:
+                self._frames.close()  # type: ignore[attr-defined]
+            finally:
+                slots.release()
+
+
 def stream_events(job: Job, after: int) -> HttpResponse:
     if job.is_finished and after >= job.event_seq:
         # Nothing will ever follow: 204 tells an EventSource to stop reconnecting.
         response = HttpResponse(status=204)
         del response["Content-Type"]
         return response
+    limit = int(_setting("DURABLE_API_MAX_STREAMS", DEFAULT_MAX_STREAMS))
+    if not STREAM_SLOTS.acquire(limit):
+        raise Refusal(
+            503,
+            "too_many_streams",
+            f"this server process already serves {limit} event stream(s); reconnect after "
+            "Retry-After seconds, or read the events as JSON pages meanwhile",
+            headers={"Retry-After": str(STREAMS_BUSY_RETRY_AFTER)},
+        )
     response = StreamingHttpResponse(
-        event_frames(job.pk, after), content_type="text/event-stream; charset=utf-8"
+        HeldStream(event_frames(job.pk, after), STREAM_SLOTS),
+        content_type="text/event-stream; charset=utf-8",
     )
     response["X-Accel-Buffering"] = "no"  # nginx: pass each frame on at once
     return response
@@ -265,10 +384,10 @@ def stream_events(job: Job, after: int) -> HttpResponse:
 def event_frames(job_id: int, after: int) -> Iterator[str]:
     """Frames until the job is finished or the stream's time is up.
 
-    A gunicorn sync worker serves one request at a time, so one stream may hold
-    it only ``DURABLE_API_STREAM_SECONDS`` (keep that below gunicorn's
-    ``--timeout``). The client then reconnects with ``Last-Event-ID`` and
-    misses nothing. The database is polled every
+    A stream holds a gunicorn thread, so it lasts at most
+    ``DURABLE_API_STREAM_SECONDS`` (and at most ``DURABLE_API_MAX_STREAMS``
+    are open per process, see ``StreamSlots``). The client then reconnects
+    with ``Last-Event-ID`` and misses nothing. The database is polled every
     ``DURABLE_API_STREAM_POLL_SECONDS`` (one indexed read of the job row; the
     events only when its ``event_seq`` moved); a comment line every
     ``DURABLE_API_STREAM_KEEPALIVE_SECONDS`` keeps proxies from closing an idle
@@ -294,7 +413,10 @@ def event_frames(job_id: int, after: int) -> Iterator[str]:
                 yield sse_event(dumps(event_json(event)), event_id=event.seq)
                 last_sent = event.seq
                 sent = True
-        elif state in FINISHED_STATES:
+        # The row read above already said "finished" if its last event is among those
+        # just sent (state and event commit together): end now, not after a deadline
+        # that may fall first — a reconnect would get 204 and never see the end.
+        if state in FINISHED_STATES and last_sent >= event_seq:
             yield sse_event(dumps({"state": state, "last_event_seq": last_sent}), event="end")
             return
         now = time.monotonic()
@@ -314,8 +436,12 @@ def event_frames(job_id: int, after: int) -> Iterator[str]:
 def job_action_view(request: HttpRequest, client: Client, job_id: int, action: str) -> HttpResponse:
     if action not in ACTIONS:
         raise Refusal(404, "not_found", f"no action {action!r}; use {', '.join(ACTIONS)}")
-    if not 0 < job_id <= MAX_ID:
+    owner = None
+    if 0 < job_id <= MAX_ID:  # a larger id cannot exist and must not reach the database
+        owner = Job.objects.filter(pk=job_id).values_list("owner", flat=True).first()
+    if owner is None:
         raise Refusal(404, "not_found", f"there is no job {job_id}")
+    authorize_job_action(request, client, job_id, owner)  # the owner never changes
     outcome = ACTIONS[action](job_id, actor=client.actor)
     if outcome.refusal == "no such job":
         raise Refusal(404, "not_found", f"there is no job {job_id}")
@@ -336,6 +462,6 @@ def openapi_view(request: HttpRequest, client: Client | None) -> HttpResponse:
 
 @csrf_exempt
 def not_found_view(request: HttpRequest, rest: str = "") -> HttpResponse:
-    response = problem(Refusal(404, "not_found", "no such API resource; see openapi.json"))
+    response = refused(request, Refusal(404, "not_found", "no such API resource; see openapi.json"))
     response["Cache-Control"] = "no-store"
     return response

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 
-from durable.api import parse, tokens
+from durable.api import auth, parse, tokens
 from durable.api.errors import Refusal
+from durable.api.models import Client
 
 
 def fields(info: pytest.ExceptionInfo) -> list[str]:
@@ -126,6 +128,45 @@ def test_loads_json_object__refuses(body, why):
     assert why in info.value.detail
 
 
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (1.0, 1),
+        (-0.0, 0),
+        (1.5, 1.5),
+        (1e20, 10**20),
+        ({"a": [2.0, {"b": 3.0}], "c": "4.0"}, {"a": [2, {"b": 3}], "c": "4.0"}),  # not strings
+        (True, True),  # a bool is not a number here
+    ],
+)
+def test_json_numbers(value, expected):
+    result = parse.json_numbers(value)
+    assert result == expected
+    assert json.dumps(result) == json.dumps(expected)  # the type too: 1, not 1.0
+
+
+def test_request_digest__one_number_however_written():
+    assert parse.request_digest("POST", "jobs", {"n": 1}) == parse.request_digest(
+        "POST", "jobs", {"n": 1.0}
+    )
+    assert parse.request_digest("POST", "jobs", {"n": 1}) != parse.request_digest(
+        "POST", "jobs", {"n": 1.5}
+    )
+
+
+def test_submission__with_defaults_fills_only_what_is_missing():
+    defaults = {"queue": "bulk", "priority": 5, "on_restart": "resume"}
+    bare = parse.Submission("x").with_defaults(**defaults)
+    assert bare == parse.Submission("x", {}, "bulk", 5, "resume")
+    given = parse.Submission("x", {"a": 1}, "fast", 0, "fail").with_defaults(**defaults)
+    assert given == parse.Submission("x", {"a": 1}, "fast", 0, "fail")  # 0 is a priority
+
+
+def test_parse_submission__null_fields_are_absent_and_whole_floats_integers():
+    data = {"operation": "x", "input": None, "queue": None, "priority": 2.0, "on_restart": None}
+    assert parse.parse_submission(data) == parse.Submission("x", {}, None, 2, None)
+
+
 def test_request_digest__ignores_formatting_and_key_order_not_values():
     a = parse.request_digest("POST", "jobs", json.loads('{"operation": "x", "input": {"a": 1}}'))
     b = parse.request_digest("post", "jobs", json.loads('{"input":{"a":1},"operation":"x"}'))
@@ -233,10 +274,27 @@ def test_parse_list_query__defaults_and_values():
 
 
 @pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        # the issue's own example: unused filters sent empty, as a form or template does
+        ({"state": [""], "operation": [""], "cursor": [""]}, parse.ListQuery()),
+        ({"cursor": [""]}, parse.ListQuery()),
+        ({"state": ["", "paused"]}, parse.ListQuery(states=("paused",))),
+        ({"state": [" "]}, parse.ListQuery()),
+        ({"state": ["paused , queued"]}, parse.ListQuery(states=("paused", "queued"))),
+    ],
+)
+def test_parse_list_query__empty_values_are_absent(params, expected):
+    assert parse.parse_list_query(params) == expected
+
+
+@pytest.mark.parametrize(
     ("params", "bad"),
     [
         ({"state": ["done"]}, "query.state"),
-        ({"state": [""]}, "query.state"),
+        ({"state": ["queued,"]}, "query.state"),  # an empty name inside a list is a typo
+        ({"state": ["queued\t"]}, "query.state"),  # spaces only, as the document's pattern
+        ({"limit": [""]}, "query.limit"),  # a number must be a number
         ({"limit": ["0"]}, "query.limit"),
         ({"limit": ["201"]}, "query.limit"),
         ({"limit": ["-1"]}, "query.limit"),
@@ -262,6 +320,8 @@ def test_parse_list_query__refuses(params, bad):
         ({"after": ["5"]}, "9", parse.EventsQuery(9, 100)),  # a reconnecting client wins
         ({"after": ["5"]}, " ", parse.EventsQuery(5, 100)),  # empty Last-Event-ID: ignored
         ({}, "0", parse.EventsQuery(0, 100)),
+        ({}, "\t7 ", parse.EventsQuery(7, 100)),  # HTTP's optional whitespace is not the value
+        ({}, str(parse.MAX_ID), parse.EventsQuery(parse.MAX_ID, 100)),  # 19 digits
     ],
 )
 def test_parse_events_query(params, last_event_id, expected):
@@ -276,6 +336,8 @@ def test_parse_events_query(params, last_event_id, expected):
         ({"after": ["99999999999999999999"]}, None, "query.after"),
         ({"limit": ["1001"]}, None, "query.limit"),
         ({}, "abc", "header.Last-Event-ID"),
+        ({}, str(parse.MAX_ID + 1), "header.Last-Event-ID"),
+        ({}, "1 2", "header.Last-Event-ID"),
         ({"since": ["1"]}, None, "query.since"),
     ],
 )
@@ -314,3 +376,92 @@ def test_tokens__new_token_matches_only_itself():
 )
 def test_tokens__malformed_has_no_prefix(token):
     assert tokens.token_prefix(token) is None
+
+
+# --- who may act on a job -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("owner", "scopes", "allowed"),
+    [
+        ("api:ci", ["jobs:write"], True),  # its own job
+        ("api:other", ["jobs:write"], False),  # another client's
+        ("", ["jobs:write"], False),  # started on the dashboard or by a command
+        ("schedule:nightly", ["jobs:write"], False),  # started by a schedule
+        ("api:ci-2", ["jobs:write"], False),  # a name that merely starts with ours
+        ("api:other", ["jobs:write", "jobs:admin"], True),  # admin: every job
+        ("", ["jobs:admin"], True),
+    ],
+)
+def test_may_act_on(owner, scopes, allowed):
+    assert auth.may_act_on(owner, Client(name="ci", scopes=scopes)) is allowed
+
+
+# --- schedules ----------------------------------------------------------------------------
+
+
+def test_parse_schedule__defaults_and_values():
+    assert parse.parse_schedule(
+        {"name": " nightly ", "operation": "x", "cron": "@daily"}
+    ) == parse.ScheduleSpec("nightly", "x", cron="@daily")
+    spec = parse.parse_schedule(
+        {"name": "n", "operation": "x", "interval": "90s", "input": {"a": 1}, "time_zone": None,
+         "catch_up": "skip", "overlap": True, "queue": "bulk", "priority": 3.0, "enabled": False}
+    )  # fmt: skip
+    assert spec == parse.ScheduleSpec(
+        "n", "x", every=timedelta(seconds=90), input={"a": 1}, catch_up="skip", overlap=True,
+        queue="bulk", priority=3, enabled=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("data", "bad"),
+    [
+        ({"operation": "x", "cron": "@daily"}, ["name"]),
+        ({"name": "a\nb", "operation": "x", "cron": "@daily"}, ["name"]),
+        ({"name": "n", "cron": "@daily"}, ["operation"]),
+        ({"name": "n", "operation": "x"}, ["cron"]),  # neither
+        ({"name": "n", "operation": "x", "cron": "@daily", "interval": "1h"}, ["cron"]),  # both
+        ({"name": "n", "operation": "x", "cron": 5}, ["cron"]),  # a type error is not "both"
+        ({"name": "n", "operation": "x", "cron": "@often"}, ["cron"]),
+        ({"name": "n", "operation": "x", "interval": "-1m"}, ["interval"]),
+        ({"name": "n", "operation": "x", "interval": 60}, ["interval"]),  # seconds as a string
+        ({"name": "n", "operation": "x", "cron": "@daily", "time_zone": "Nowhere"}, ["time_zone"]),
+        ({"name": "n", "operation": "x", "cron": "@daily", "overlap": 1}, ["overlap"]),
+        ({"name": "n", "operation": "x", "cron": "@daily", "enabled": "true"}, ["enabled"]),
+        ({"name": "n", "operation": "x", "cron": "@daily", "input": "{}"}, ["input"]),
+        ({"name": "n", "operation": "x", "cron": "@daily", "priority": True}, ["priority"]),
+        ({"name": "n", "operation": "x", "cron": "@daily", "unique_key": "k"}, ["unique_key"]),
+    ],
+)
+def test_parse_schedule__refuses(data, bad):
+    with pytest.raises(Refusal) as info:
+        parse.parse_schedule(data)
+    assert fields(info) == bad
+
+
+@pytest.mark.parametrize(
+    ("data", "result"),
+    [({"enabled": True}, True), ({"enabled": False}, False)],
+)
+def test_parse_schedule_patch(data, result):
+    assert parse.parse_schedule_patch(data) is result
+
+
+@pytest.mark.parametrize(
+    ("data", "bad"),
+    [({}, ["enabled"]), ({"enabled": 0}, ["enabled"]), ({"enabled": True, "name": "x"}, ["name"])],
+)
+def test_parse_schedule_patch__refuses(data, bad):
+    with pytest.raises(Refusal) as info:
+        parse.parse_schedule_patch(data)
+    assert fields(info) == bad
+
+
+def test_parse_schedule_list_query():
+    assert parse.parse_schedule_list_query({}) == parse.ScheduleListQuery()
+    assert parse.parse_schedule_list_query(
+        {"operation": [""], "cursor": [""], "limit": ["3"]}
+    ) == parse.ScheduleListQuery(limit=3)
+    with pytest.raises(Refusal):
+        parse.parse_schedule_list_query({"state": ["queued"]})

@@ -1,5 +1,9 @@
 """``python manage.py create_api_client NAME --scope jobs:read --scope jobs:write``.
 
+Scopes: ``jobs:read``, ``jobs:write``, ``jobs:admin`` (privileged operations
+and actions on every client's jobs, on top of ``jobs:write`` or
+``schedules:write``), ``schedules:read``, ``schedules:write``.
+
 Prints the token once, alone on stdout (``TOKEN=$(python manage.py …)``);
 the database keeps only its SHA-256. ``--rotate`` gives an existing client a
 new token (the old one stops working at once) and lifts a revocation.
@@ -13,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.utils import timezone
 
-from durable.api.models import SCOPES, Client
+from durable.api.models import SCOPE_HELP, SCOPES, Client
 from durable.api.tokens import new_token
 
 
@@ -27,7 +31,8 @@ class Command(BaseCommand):
             action="append",
             choices=SCOPES,
             default=[],
-            help="repeatable: jobs:read (list, get, events), jobs:write (submit, actions)",
+            help="repeatable; "
+            + "; ".join(f"{scope}: {meaning}" for scope, meaning in SCOPE_HELP.items()),
         )
         parser.add_argument(
             "--rotate",
@@ -48,7 +53,7 @@ class Command(BaseCommand):
                 if options["rotate"]:
                     raise CommandError(f"there is no API client named {name!r}")
                 if not scopes:
-                    raise CommandError("give at least one --scope (jobs:read, jobs:write)")
+                    raise CommandError(f"give at least one --scope ({', '.join(SCOPES)})")
                 client = Client.objects.create(
                     name=name, scopes=scopes, token_prefix=token.prefix, token_hash=token.hash
                 )

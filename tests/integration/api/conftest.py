@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema_rs
 import pytest
 import schemathesis
 from django.core.handlers.wsgi import WSGIHandler
@@ -62,6 +63,46 @@ def check_response(schema, response: httpx.Response) -> None:
     operation.validate_response(response)
 
 
+def component_validator(name: str) -> jsonschema_rs.Validator:
+    """A JSON Schema 2020-12 validator for ``#/components/schemas/<name>`` of the document."""
+    root = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "components": DOCUMENT["components"],
+        "$ref": f"#/components/schemas/{name}",
+    }
+    return jsonschema_rs.Draft202012Validator(root)
+
+
+def sse_events(text: str) -> list[dict[str, str]]:
+    """The events an SSE client dispatches from ``text`` (WHATWG HTML "server-sent events").
+
+    Fields of one frame up to a blank line; comment lines (``:``) skipped; a frame
+    without ``data`` is not an event (the ``retry`` frame); ``id`` is the last id seen
+    on the connection; ``event`` defaults to ``message``.
+    """
+    events, frame, data, last_id = [], {}, [], None
+    for line in [*text.replace("\r\n", "\n").split("\n"), ""]:
+        if line.startswith(":"):
+            continue
+        if line:
+            name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if name == "data":
+                data.append(value)
+            elif name == "id":
+                last_id = value
+            else:
+                frame[name] = value
+            continue
+        if data:
+            event = {"event": frame.get("event") or "message", "data": "\n".join(data)}
+            if last_id is not None:
+                event["id"] = last_id
+            events.append(event)
+        frame, data = {}, []
+    return events
+
+
 OWN_TOKEN = object()
 
 
@@ -90,6 +131,12 @@ class Api:
 
     def post(self, path: str, **kwargs: Any) -> httpx.Response:
         return self.request("POST", path, **kwargs)
+
+    def patch(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.request("PATCH", path, **kwargs)
+
+    def delete(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.request("DELETE", path, **kwargs)
 
     def with_token(self, token: str | None) -> Api:
         return Api(self.http, self.schema, token)
@@ -138,14 +185,18 @@ def api(openapi_schema, make_client) -> Iterator[Api]:
 
 
 class Server:
-    """``gunicorn recovery.wsgi`` (sync workers, as in production) on a socket the test owns.
+    """gunicorn with the project's ``gunicorn.conf.py`` (gthread workers and the access-log
+    format of ``make run`` and production) on a socket the test owns.
 
     The test binds 127.0.0.1:0 and hands the listening socket to gunicorn, so a
     stop and a start keep the same address: a restart between two requests is
     just ``server.stop(); server.start()``.
     """
 
-    def __init__(self, log_dir: Path, env: dict[str, str]):
+    def __init__(
+        self, log_dir: Path, env: dict[str, str], workers: int = 2, threads: int | None = None
+    ):
+        self.workers, self.threads = workers, threads
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(64)
@@ -156,7 +207,7 @@ class Server:
         self.proc: subprocess.Popen | None = None
         self.starts = 0
 
-    def start(self, workers: int = 2) -> None:
+    def start(self) -> None:
         env = dict(os.environ)
         env.update(
             DJANGO_SETTINGS_MODULE="tests.settings",
@@ -166,9 +217,12 @@ class Server:
             **self.extra_env,
         )
         fd = self.sock.fileno()
-        cmd = [sys.executable, "-m", "gunicorn", "recovery.wsgi", "--bind", f"fd://{fd}"]
-        cmd += ["--workers", str(workers), "--timeout", "60", "--graceful-timeout", "5"]
-        cmd += ["--access-logfile", "-", "--error-logfile", "-", "--log-level", "debug"]
+        cmd = [sys.executable, "-m", "gunicorn", "-c", str(BASE_DIR / "gunicorn.conf.py")]
+        cmd += ["recovery.wsgi", "--bind", f"fd://{fd}", "--workers", str(self.workers)]
+        if self.threads is not None:
+            cmd += ["--threads", str(self.threads)]
+        cmd += ["--timeout", "60", "--graceful-timeout", "5"]
+        cmd += ["--error-logfile", "-", "--log-level", "debug"]
         log = open(self.log_path, "a")  # noqa: SIM115 - handed to the child, closed below
         self.proc = subprocess.Popen(
             cmd, cwd=BASE_DIR, env=env, stdout=log, stderr=log, pass_fds=[fd],
@@ -209,8 +263,8 @@ def live_server_factory(tmp_path: Path) -> Iterator:
     """Factory: ``live_server_factory(**env)`` starts a gunicorn; all are killed at teardown."""
     servers: list[Server] = []
 
-    def start(**env: str) -> Server:
-        server = Server(tmp_path, env)
+    def start(*, workers: int = 2, threads: int | None = None, **env: str) -> Server:
+        server = Server(tmp_path, env, workers, threads)
         servers.append(server)
         server.start()
         return server
@@ -224,9 +278,9 @@ def live_server_factory(tmp_path: Path) -> Iterator:
 
 @pytest.fixture
 def live(openapi_schema, live_server_factory, make_client):
-    """A started gunicorn and an ``Api`` client for it (with a read+write token)."""
+    """A started gunicorn and an ``Api`` client for it (read and write, jobs and schedules)."""
     server = live_server_factory()
-    _, token = make_client("live")
+    _, token = make_client("live", ("jobs:read", "jobs:write", "schedules:read", "schedules:write"))
     with httpx.Client(base_url=server.url, timeout=30) as http:
         api = Api(http, openapi_schema, token)
         api.server = server  # type: ignore[attr-defined]

@@ -5,6 +5,7 @@ Every response is also checked against the OpenAPI document (see conftest).
 
 from __future__ import annotations
 
+import hmac
 import io
 import json
 import threading
@@ -17,11 +18,17 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 from django.test import Client as DjangoClient
+from django.test import override_settings
 from django.utils import timezone
 
 from durable import jobs, signals
+from durable.api import tokens, views
 from durable.api.models import Client, IdempotencyKey
 from durable.models import Job
+from durable.operations import Access, get_operation
+from recovery.models import SecurityEvent
+from recovery.policy import MAX_ACTORS
+from tests.integration.api.conftest import component_validator, sse_events
 from tests.integration.helpers import drain
 
 pytestmark = pytest.mark.django_db
@@ -84,8 +91,9 @@ def test_auth__bad_credentials_are_401(api, refusals, header, key):
 
 
 def test_auth__right_prefix_wrong_secret_is_401(api, refusals):
-    prefix_part = api.token.rsplit("_", 1)[0]
-    forged = prefix_part + "_" + "B" * 43
+    # "dur_<12 hex>_": the secret itself may contain "_", so cut by length, not by "_".
+    forged = api.token[: len("dur_0123456789ab_")] + "B" * 43
+    assert tokens.token_prefix(forged) == tokens.token_prefix(api.token)
     response = api.get("/api/jobs", token=forged)
     assert response.status_code == 401
     assert refusals[-1]["key"] == "invalid-token"
@@ -137,6 +145,62 @@ def test_auth__refusals_name_the_kind_of_problem_never_the_token(api, refusals):
     assert not any(guess in text for guess in guesses)
 
 
+def test_auth__guesses_become_one_security_row_with_a_count_and_the_address(api):
+    """What the signal becomes: the Security report's summary row, not N rows."""
+    for index in range(25):
+        assert api.get("/api/jobs", token=f"dur_{index:012x}_{'x' * 43}").status_code == 401
+    row = SecurityEvent.objects.get()
+    assert (row.category, row.key, row.source, row.cwe) == (
+        "api-auth", "invalid-token", "api", "CWE-287",
+    )  # fmt: skip
+    assert row.count == 25
+    assert row.addresses == {"192.0.2.7": 25}
+    assert (row.addresses_overflow, row.last_ipv4) == (0, "192.0.2.7")
+
+
+@override_settings(TRUSTED_PROXY_COUNT=1)
+def test_auth__the_security_tally_stays_bounded_when_the_address_varies(api):
+    # Behind one trusted proxy the client is the last X-Forwarded-For entry, so
+    # each request comes "from" another address; the tally keeps MAX_ACTORS of them.
+    guesses = MAX_ACTORS + 15
+    for index in range(guesses):
+        forwarded = {"X-Forwarded-For": f"6.6.6.6, 203.0.{index // 250}.{index % 250 + 1}"}
+        assert api.get("/api/jobs", token="guess", headers=forwarded).status_code == 401
+    row = SecurityEvent.objects.get()
+    assert row.count == guesses
+    assert len(row.addresses) == MAX_ACTORS
+    assert row.addresses_overflow == 15
+    assert "6.6.6.6" not in row.addresses  # written by the client, not by our proxy
+    assert "192.0.2.7" not in row.addresses  # the proxy itself is not the client
+
+
+def test_auth__x_forwarded_for_is_ignored_without_trusted_proxies(api, refusals):
+    api.get("/api/jobs", token=None, headers={"X-Forwarded-For": "203.0.113.9"})
+    assert refusals[-1]["ip"] == "192.0.2.7"  # TRUSTED_PROXY_COUNT = 0: the TCP peer
+
+
+def test_auth__every_token_is_compared_in_constant_time(api, monkeypatch):
+    """Each path — right token, right prefix wrong secret, unknown prefix, no prefix —
+    compares one SHA-256 with hmac.compare_digest, never with ``==``."""
+    calls: list[tuple[str, str]] = []
+    real = hmac.compare_digest
+
+    def spy(a, b):
+        calls.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(tokens.hmac, "compare_digest", spy)
+    stored = Client.objects.get(name="ci").token_hash
+    forged = api.token[: len("dur_0123456789ab_")] + "B" * 43  # the secret may hold "_"
+    unknown = "dur_0123456789ab_" + "A" * 43
+    cases = [(api.token, stored, 200), (forged, stored, 401), (unknown, tokens._DUMMY_HASH, 401)]
+    cases.append(("not-a-token", tokens._DUMMY_HASH, 401))
+    for token, against, status in cases:
+        calls.clear()
+        assert api.get("/api/jobs", token=token).status_code == status
+        assert calls == [(tokens.hash_token(token), against)]
+
+
 def test_openapi_document__is_public_and_lists_every_path(api):
     response = api.get("/api/openapi.json", token=None)
     assert response.status_code == 200
@@ -145,7 +209,7 @@ def test_openapi_document__is_public_and_lists_every_path(api):
     assert set(document["paths"]) == {
         "/api/jobs", "/api/jobs/{job_id}", "/api/jobs/{job_id}/events", "/api/openapi.json",
         "/api/jobs/{job_id}/cancel", "/api/jobs/{job_id}/pause", "/api/jobs/{job_id}/resume",
-        "/api/jobs/{job_id}/retry",
+        "/api/jobs/{job_id}/retry", "/api/schedules", "/api/schedules/{schedule_id}",
     }  # fmt: skip
 
 
@@ -212,6 +276,139 @@ def test_submit__unknown_operation_is_400(api, settings):
     assert list(Job.objects.values_list("operation", flat=True)) == ["test.rows"]
 
 
+# --- who may start what -------------------------------------------------------------------
+
+
+def force_access(monkeypatch, name: str, access: str) -> None:
+    monkeypatch.setattr(type(get_operation(name)), "access", access)
+
+
+def test_submit__a_system_operation_is_never_started_through_the_api(
+    api, make_client, monkeypatch, refusals
+):
+    force_access(monkeypatch, "test.rows", Access.SYSTEM)  # as the site's deliveries are
+    _, admin = make_client("ops", ("jobs:write", "jobs:admin"))
+    for token in (api.token, admin):
+        refused = submit(api, {"operation": "test.rows"}, token=token, key="k")
+        assert refused.status_code == 403
+        assert refused.json()["code"] == "operation_not_allowed"
+        assert "started by the site itself" in refused.json()["detail"]
+        assert "WWW-Authenticate" not in refused.headers  # no token would help
+    assert not Job.objects.exists()
+    assert not IdempotencyKey.objects.exists()
+    assert [(r["key"], r["username"]) for r in refusals] == [
+        ("operation-not-allowed", "ci"), ("operation-not-allowed", "ops"),
+    ]  # fmt: skip
+
+
+def test_submit__a_privileged_operation_needs_jobs_admin(api, make_client, refusals):
+    body = {"operation": "test.one_per_target", "input": {"target": "a"}}
+    refused = submit(api, body, key="restore-a")
+    assert refused.status_code == 403
+    assert refused.json()["code"] == "insufficient_scope"
+    assert "privileged operation" in refused.json()["detail"]
+    assert 'scope="jobs:admin"' in refused.headers["WWW-Authenticate"]
+    assert refusals[-1]["key"] == "insufficient-scope"
+    assert not IdempotencyKey.objects.exists()  # the refusal did not use the key up
+    _, admin_only = make_client("admin-only", ("jobs:admin",))
+    assert submit(api, body, token=admin_only).status_code == 403  # jobs:write is needed too
+    _, admin = make_client("ops", ("jobs:write", "jobs:admin"))
+    accepted = submit(api, body, token=admin, key="restore-a")
+    assert accepted.status_code == 202
+    assert Job.objects.get().owner == "api:ops"
+
+
+def test_submit__the_allow_list_still_applies_to_admins(api, make_client, settings):
+    settings.DURABLE_API_OPERATIONS = ["durable.noop"]
+    _, admin = make_client("ops", ("jobs:write", "jobs:admin"))
+    body = {"operation": "test.one_per_target", "input": {"target": "a"}}
+    assert problem_fields(submit(api, body, token=admin)) == ["operation"]  # 400: not offered
+
+
+@pytest.fixture
+def builtin_setup(settings, tmp_path):
+    """What the built-in operations need to accept an input: directories and storages."""
+    settings.DURABLE_BACKUP_DIR = tmp_path / "backups"
+    (settings.DURABLE_BACKUP_DIR / "nightly").mkdir(parents=True)  # restore names it
+    imports = tmp_path / "imports"
+    imports.mkdir()
+    (imports / "events.jsonl").write_text('{"type": "backup-created"}\n')
+    (imports / "events.csv").write_text("type,detail\nbackup-created,x\n")
+    settings.RECOVERY_IMPORT_DIRS = [str(imports)]
+    for name in ("src", "dst"):
+        (tmp_path / name).mkdir()
+    settings.STORAGES = {
+        **settings.STORAGES,
+        **{
+            name: {
+                "BACKEND": "django.core.files.storage.FileSystemStorage",
+                "OPTIONS": {"location": str(tmp_path / name)},
+            }
+            for name in ("src", "dst")
+        },
+    }
+    return imports
+
+
+# (operation, input sent, what the job's input must contain)
+BUILTIN = [
+    ("backup.database", {"name": "api-backup"}, {"name": "api-backup", "database": "default"}),
+    ("integrity.scan", {"storage": "scan"}, {"target": "storage", "storage": "scan"}),
+    ("restore.database", {"name": "nightly"}, {"name": "nightly", "database": "default",
+                                               "replace": False}),
+    ("db.copy", {"target": "other"}, {"source": "default", "target": "other", "replace": False}),
+    ("files.move", {"source": "src", "destination": "dst"}, {"source": "src",
+                                                             "destination": "dst"}),
+    ("import.jsonl", {"path": "{imports}/events.jsonl"}, {"path": "{imports}/events.jsonl"}),
+    ("import.csv", {"path": "{imports}/events.csv"}, {"path": "{imports}/events.csv"}),
+    ("durable.purge", {"older_than": "30d"}, {}),
+]  # fmt: skip
+
+
+def _fill(value: dict, imports) -> dict:
+    return {k: v.format(imports=imports) if isinstance(v, str) else v for k, v in value.items()}
+
+
+def _accepted_input(api, token, name, sent, expected) -> None:
+    response = submit(api, {"operation": name, "input": sent}, token=token)
+    assert response.status_code == 202, response.text
+    job = Job.objects.get(pk=response.json()["id"])
+    assert job.operation == name
+    assert expected.items() <= job.input.items(), job.input
+    assert response.json()["input"] == job.input
+
+
+@pytest.mark.parametrize(("name", "sent", "expected"), BUILTIN, ids=[b[0] for b in BUILTIN])
+def test_builtin_operations__start_from_the_api_under_their_declared_access(
+    api, make_client, builtin_setup, name, sent, expected
+):
+    sent, expected = _fill(sent, builtin_setup), _fill(expected, builtin_setup)
+    access = get_operation(name).access
+    assert access != Access.SYSTEM  # every one of them is meant to be started by hand
+    _, admin = make_client("ops", ("jobs:write", "jobs:admin"))
+    if access == Access.PRIVILEGED:
+        refused = submit(api, {"operation": name, "input": sent})
+        assert refused.status_code == 403
+        assert refused.json()["code"] == "insufficient_scope"
+        _accepted_input(api, admin, name, sent, expected)
+    else:
+        _accepted_input(api, api.token, name, sent, expected)
+
+
+@pytest.mark.parametrize(("name", "sent", "expected"), BUILTIN, ids=[b[0] for b in BUILTIN])
+def test_builtin_operations__as_privileged_need_jobs_admin(
+    api, make_client, builtin_setup, monkeypatch, name, sent, expected
+):
+    # Whatever an operation declares today, the API enforces PRIVILEGED for each one.
+    force_access(monkeypatch, name, Access.PRIVILEGED)
+    sent, expected = _fill(sent, builtin_setup), _fill(expected, builtin_setup)
+    refused = submit(api, {"operation": name, "input": sent})
+    assert refused.status_code == 403
+    assert not Job.objects.exists()
+    _, admin = make_client("ops", ("jobs:write", "jobs:admin"))
+    _accepted_input(api, admin, name, sent, expected)
+
+
 @pytest.mark.parametrize(
     ("content", "why"),
     [
@@ -248,11 +445,31 @@ def test_submit__oversized_body_is_413_before_it_is_parsed(api, settings):
     big = {"operation": "durable.noop", "input": {"pad": "x" * 1000}}
     response = submit(api, big)
     assert response.status_code == 413
-    assert "1000 bytes" in response.json()["detail"]
+    assert "1000 bytes (DURABLE_API_MAX_BODY_BYTES)" in response.json()["detail"]
     assert not Job.objects.exists()
     fits = {"operation": "durable.noop", "input": {"units": 1, "pad": "x" * 900}}
     assert len(json.dumps(fits)) < 1000
     assert submit(api, fits).status_code == 202  # just under the limit
+
+
+def test_submit__the_api_limit_applies_not_djangos_upload_limit(api, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000  # below the API's own limit
+    settings.DURABLE_API_MAX_BODY_BYTES = 5000
+    fits = {"operation": "durable.noop", "input": {"units": 1, "pad": "x" * 2000}}
+    assert submit(api, fits).status_code == 202
+    big = {"operation": "durable.noop", "input": {"pad": "x" * 6000}}
+    refused = submit(api, big)
+    assert refused.status_code == 413
+    assert "5000 bytes (DURABLE_API_MAX_BODY_BYTES)" in refused.json()["detail"]
+
+
+def test_submit__a_chunked_body_is_411_not_empty(api):
+    chunks = iter([json.dumps(NOOP).encode()])  # httpx sends an iterator chunked
+    response = api.post("/api/jobs", content=chunks, headers={"Content-Type": "application/json"})
+    assert response.status_code == 411
+    assert response.json()["code"] == "length_required"
+    assert "Content-Length" in response.json()["detail"]
+    assert not Job.objects.exists()
 
 
 def test_submit__input_over_the_engine_limit_is_400_on_input(api, settings):
@@ -276,6 +493,27 @@ def test_views__are_csrf_exempt_and_never_touch_sessions(make_client):
     assert response["Cache-Control"] == "no-store"
 
 
+@pytest.mark.django_db(transaction=True)  # another connection must see the commit
+def test_submit__commits_before_the_view_answers_even_under_atomic_requests(api, monkeypatch):
+    """With ATOMIC_REQUESTS the site wraps every view in a transaction that commits only
+    after the view returns. The API opts out: the job is visible from another
+    connection the moment ``submit`` hands back the 202, before the view returns."""
+    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+    seen: list[bool] = []
+    real_submit = views.submit
+
+    def submit_then_look(client, submission, **kwargs):
+        reply = real_submit(client, submission, **kwargs)
+        job_id = json.loads(reply.body)["id"]
+        race(1, lambda: seen.append(Job.objects.filter(pk=job_id).exists()))
+        return reply
+
+    monkeypatch.setattr(views, "submit", submit_then_look)
+    assert submit(api, key="k").status_code == 202
+    assert submit(api).status_code == 202
+    assert seen == [True, True]
+
+
 # --- idempotency ----------------------------------------------------------------------------
 
 
@@ -295,6 +533,35 @@ def test_idempotency__same_key_and_body_replays_the_first_response(api):
     )  # fmt: skip
     assert Job.objects.count() == 1
     assert IdempotencyKey.objects.get().job_id == first.json()["id"]
+
+
+@pytest.mark.parametrize(
+    ("first", "again"),
+    [
+        ({"input": {"units": 2}}, {"input": {"units": 2.0}}),  # one JSON number
+        ({}, {"input": {}}),
+        ({}, {"input": None}),
+        ({}, {"priority": None, "queue": None, "on_restart": None}),
+        ({}, {"priority": 0, "queue": "default", "on_restart": "resume"}),  # noop's own
+        ({"priority": 3}, {"priority": 3.0}),
+    ],
+)
+def test_idempotency__equivalent_requests_replay(api, first, again):
+    one = submit(api, {"operation": "durable.noop", **first}, key="same")
+    other = submit(api, {"operation": "durable.noop", **again}, key="same")
+    assert (one.status_code, other.status_code) == (202, 202), other.text
+    assert other.headers["Idempotent-Replayed"] == "true"
+    assert other.content == one.content
+    assert Job.objects.count() == 1
+
+
+def test_submit__a_whole_float_priority_is_that_integer(api):
+    response = submit(api, {"operation": "durable.noop", "priority": 7.0})
+    assert response.status_code == 202
+    assert Job.objects.get().priority == 7
+    assert problem_fields(submit(api, {"operation": "durable.noop", "priority": 7.5})) == [
+        "priority"
+    ]
 
 
 def test_idempotency__same_key_other_body_is_422(api):
@@ -399,6 +666,7 @@ def test_get_job__state_progress_and_last_error(api):
         "/api/jobs/1/events/extra",
         "/api/jobs/1/explode",  # no such action
         "/api/nothing",
+        "/api/jobs/a%0Ab%0Dc",  # line breaks: "." in a URL pattern misses them
     ],
 )
 def test_unknown_resources_are_json_404s(api, path):
@@ -482,6 +750,16 @@ def test_events_stream__sends_every_event_then_end_for_a_finished_job(api):
     assert json.loads(frames[-1]["data"]) == {"state": "completed", "last_event_seq": 5}
 
 
+def test_events_stream__the_last_batch_and_the_time_limit_together_still_end(api, settings):
+    # The time is up right after the first look, which sends every event of a finished
+    # job: the stream must still say "end" (a reconnect would get 204, never the end).
+    settings.DURABLE_API_STREAM_SECONDS = 0
+    job = drain(jobs.enqueue("test.ticks", {"units": 2}).pk)
+    frames = parse_sse(api.get(f"/api/jobs/{job.pk}/events", headers=SSE).text)
+    assert [int(f["id"]) for f in frames if "id" in f] == [1, 2, 3, 4, 5]
+    assert frames[-1]["event"] == "end"
+
+
 def test_events_stream__resumes_after_last_event_id_and_204_when_nothing_follows(api):
     job = drain(jobs.enqueue("test.ticks", {"units": 2}).pk)
     response = api.get(f"/api/jobs/{job.pk}/events", headers={**SSE, "Last-Event-ID": "3"})
@@ -489,6 +767,43 @@ def test_events_stream__resumes_after_last_event_id_and_204_when_nothing_follows
     done = api.get(f"/api/jobs/{job.pk}/events", headers={**SSE, "Last-Event-ID": "5"})
     assert done.status_code == 204  # EventSource stops reconnecting on 204
     assert done.content == b""
+
+
+STREAM_EVENT = component_validator("StreamEvent")
+STREAM_DATA = {"message": component_validator("JobEvent"), "end": component_validator("StreamEnd")}
+
+
+def validated_events(response) -> list[dict]:
+    """The response's SSE events, each checked against StreamEvent and its data's schema."""
+    events = sse_events(response.text)
+    for event in events:
+        STREAM_EVENT.validate(event)
+        STREAM_DATA[event["event"]].validate(json.loads(event["data"]))
+    return events
+
+
+def test_events_stream__every_event_matches_the_documented_stream_event(api, settings):
+    settings.DURABLE_API_STREAM_SECONDS = 0.3
+    settings.DURABLE_API_STREAM_POLL_SECONDS = 0.05
+    finished = drain(jobs.enqueue("test.ticks", {"units": 3}).pk)
+    events = validated_events(api.get(f"/api/jobs/{finished.pk}/events", headers=SSE))
+    assert [e["event"] for e in events] == ["message"] * 6 + ["end"]
+    assert events[-1]["id"] == "6"  # the end event carries the last id seen, per SSE
+    resumed = validated_events(
+        api.get(f"/api/jobs/{finished.pk}/events", headers={**SSE, "Last-Event-ID": "4"})
+    )
+    assert [e.get("id") for e in resumed] == ["5", "6", "6"]
+    queued = jobs.enqueue("durable.noop", {})  # cut by the time limit: no end event
+    events = validated_events(api.get(f"/api/jobs/{queued.pk}/events", headers=SSE))
+    assert [(e["event"], e["id"]) for e in events] == [("message", "1")]
+    # The validators do refuse what the document does not describe.
+    for wrong in (
+        {"event": "message", "data": "{}"},  # no id
+        {"event": "tick", "id": "1", "data": "{}"},  # an undocumented type
+        {"event": "end", "id": "1", "data": "{}", "retry": "5"},
+    ):
+        assert not STREAM_EVENT.is_valid(wrong)
+    assert not STREAM_DATA["end"].is_valid({"state": "queued", "last_event_seq": 1})
 
 
 def test_events_stream__ends_at_the_time_limit_with_keepalives(api, settings):
@@ -508,8 +823,11 @@ def test_events_stream__ends_at_the_time_limit_with_keepalives(api, settings):
 # --- actions ----------------------------------------------------------------------------------
 
 
+MINE = "api:ci"  # the owner POST /jobs records for the ``api`` fixture's client
+
+
 def test_actions__apply_then_acknowledge_then_refuse(api):
-    job = jobs.enqueue("durable.noop", {})
+    job = jobs.enqueue("durable.noop", {}, owner=MINE)
     paused = api.post(f"/api/jobs/{job.pk}/pause")
     assert paused.status_code == 200
     assert (paused.json()["applied"], paused.json()["job"]["state"]) == (True, "paused")
@@ -529,14 +847,36 @@ def test_actions__apply_then_acknowledge_then_refuse(api):
 
 
 def test_actions__retry_a_failed_job(api):
-    job = drain(jobs.enqueue("test.flaky", {"fail_times": 9}).pk)
+    job = drain(jobs.enqueue("test.flaky", {"fail_times": 9}, owner=MINE).pk)
     assert job.state == "failed"
     response = api.post(f"/api/jobs/{job.pk}/retry")
     assert response.status_code == 200
     assert (response.json()["job"]["state"], response.json()["job"]["attempts"]) == ("queued", 0)
-    completed = drain(jobs.enqueue("durable.noop", {}).pk)
+    completed = drain(jobs.enqueue("durable.noop", {}, owner=MINE).pk)
     assert api.post(f"/api/jobs/{completed.pk}/retry").status_code == 409
     assert api.post(f"/api/jobs/{completed.pk}/cancel").status_code == 409
+
+
+def test_actions__on_another_clients_job_need_jobs_admin(api, make_client, refusals):
+    theirs = submit(api, token=make_client("other-ci")[1]).json()["id"]
+    site_job = jobs.enqueue("durable.noop", {}, owner="schedule:nightly").pk
+    for job_id in (theirs, site_job):
+        for action in ("cancel", "pause", "resume", "retry"):
+            refused = api.post(f"/api/jobs/{job_id}/{action}")
+            assert refused.status_code == 403
+            assert refused.json()["code"] == "insufficient_scope"
+            assert "not submitted by this client" in refused.json()["detail"]
+            assert 'scope="jobs:admin"' in refused.headers["WWW-Authenticate"]
+    assert set(Job.objects.values_list("state", flat=True)) == {"queued"}
+    assert {(r["key"], r["username"]) for r in refusals} == {("insufficient-scope", "ci")}
+    _, admin = make_client("ops", ("jobs:write", "jobs:admin"))
+    assert api.post(f"/api/jobs/{theirs}/pause", token=admin).status_code == 200
+    assert api.post(f"/api/jobs/{site_job}/cancel", token=admin).status_code == 200
+    kinds = Job.objects.get(pk=theirs).events.values_list("kind", "data__actor")
+    assert list(kinds)[-1] == ("paused", "api:ops")
+    # Its own job: jobs:write is enough.
+    mine = submit(api).json()["id"]
+    assert api.post(f"/api/jobs/{mine}/cancel").status_code == 200
 
 
 def test_actions__unknown_job_is_404(api):
@@ -588,6 +928,15 @@ def test_list__filters_by_state_and_operation(api):
     assert ids(both) == [paused.pk, rows.pk]
     assert ids(api.get("/api/jobs", params=[("state", "queued")])) == [rows.pk, noop.pk]
     assert ids(api.get("/api/jobs", params={"operation": "none"})) == []
+
+
+def test_list__empty_filters_are_no_filters(api):
+    created = [jobs.enqueue("durable.noop", {}).pk for _ in range(3)]
+    everything = api.get("/api/jobs?state=&operation=&cursor=")  # the issue's own example
+    assert everything.status_code == 200
+    assert ids(everything) == created[::-1]
+    assert ids(api.get("/api/jobs?cursor=")) == created[::-1]
+    assert ids(api.get("/api/jobs?state=&state=queued&limit=2")) == created[:0:-1]
 
 
 @pytest.mark.parametrize(
@@ -678,6 +1027,15 @@ def test_create_api_client__prints_the_token_once_and_stores_its_hash(capsys, ap
         call_command("create_api_client", "no-scope")
     with pytest.raises(CommandError):
         call_command("create_api_client", "bad-scope", "--scope", "admin")
+
+
+def test_create_api_client__accepts_every_scope(capsys, api):
+    scopes = ["jobs:read", "jobs:write", "jobs:admin", "schedules:read", "schedules:write"]
+    call_command("create_api_client", "ops", *[arg for s in scopes for arg in ("--scope", s)])
+    token = capsys.readouterr().out.strip()
+    assert sorted(Client.objects.get(name="ops").scopes) == sorted(scopes)
+    body = {"operation": "test.one_per_target", "input": {"target": "t"}}
+    assert submit(api, body, token=token).status_code == 202  # privileged: jobs:admin works
 
 
 def test_create_api_client__rotate_replaces_the_token_and_lifts_a_revocation(capsys, api):

@@ -22,10 +22,13 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from durable import jobs
+from tests.integration.api.conftest import DOCUMENT
+from tests.integration.helpers import drain
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 EXAMPLES = 50
+SSE_EXAMPLES = 25
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
@@ -35,14 +38,26 @@ CHECKS = [
 ]
 
 
-def fuzz(operation, mode: GenerationMode, base_url: str, headers: dict[str, str]) -> int:
-    """Send EXAMPLES generated requests for one operation; fail on the first bad response."""
+def fuzz(
+    operation,
+    mode: GenerationMode,
+    base_url: str,
+    headers: dict[str, str],
+    *,
+    examples: int = EXAMPLES,
+    job_ids: tuple[int, ...] = (),
+) -> int:
+    """Send ``examples`` generated requests for one operation; fail on the first bad response.
+
+    ``job_ids``: in positive mode, point the requests at these jobs in turn (random
+    ids almost never exist, and a 404 says nothing about a stream's events).
+    """
     checks = [*CHECKS, negative_data_rejection] if mode is GenerationMode.NEGATIVE else CHECKS
     calls = 0
 
     @given(case=operation.as_strategy(generation_mode=mode))
     @settings(
-        max_examples=EXAMPLES,
+        max_examples=examples,
         deadline=None,
         database=None,
         derandomize=True,  # the same requests every run: a failure reproduces
@@ -51,6 +66,8 @@ def fuzz(operation, mode: GenerationMode, base_url: str, headers: dict[str, str]
     )
     def exchange(case):
         nonlocal calls
+        if job_ids and mode is GenerationMode.POSITIVE:
+            case.path_parameters = {**case.path_parameters, "job_id": job_ids[calls % len(job_ids)]}
         response = case.call(base_url=base_url, headers=headers, timeout=30)
         calls += 1
         case.validate_response(response, checks=checks, headers=headers)
@@ -71,5 +88,33 @@ def test_openapi__live_server_conforms_under_generated_requests(live):
         operation = result.ok()
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             calls += fuzz(operation, mode, live.server.url, headers)
-    assert calls >= 9 * EXAMPLES  # every operation was exercised
+    operations = sum(len(methods) for methods in DOCUMENT["paths"].values())
+    assert operations == 14  # jobs (9), schedules (5): the document grew, so did the run
+    assert calls >= operations * EXAMPLES  # every operation was exercised
     assert " 500 " not in live.server.log()
+
+
+def test_openapi__event_streams_conform_under_generated_requests(live_server_factory, make_client):
+    """The same, asking for ``text/event-stream``: every SSE event checked against StreamEvent.
+
+    Short streams (the server's time limit), so a queued job's stream ends quickly.
+    """
+    server = live_server_factory(
+        DURABLE_API_STREAM_SECONDS="0.2", DURABLE_API_STREAM_POLL_SECONDS="0.05"
+    )
+    _, token = make_client("follower", ("jobs:read",))
+    job_ids = (
+        jobs.enqueue("durable.noop", {}).pk,  # queued: the time limit ends its stream
+        drain(jobs.enqueue("test.ticks", {"units": 2}).pk).pk,  # its stream ends with `end`
+        jobs.cancel(jobs.enqueue("durable.noop", {}).pk).job_id,
+    )
+    schema = schemathesis.openapi.from_url(f"{server.url}/api/openapi.json")
+    operation = schema.find_operation_by_label("GET /api/jobs/{job_id}/events")
+    assert operation is not None
+    headers = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream"}
+    calls = sum(
+        fuzz(operation, mode, server.url, headers, examples=SSE_EXAMPLES, job_ids=job_ids)
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+    )
+    assert calls >= 2 * SSE_EXAMPLES
+    assert " 500 " not in server.log()

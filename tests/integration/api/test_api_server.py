@@ -1,4 +1,4 @@
-"""The API served by a real gunicorn (sync workers) on 127.0.0.1, with real worker processes.
+"""The API served by a real gunicorn (gunicorn.conf.py: gthread workers) on 127.0.0.1, with workers.
 
 ``transaction=True`` everywhere: the server and the workers are other
 processes with their own connections, so the test's rows must really commit.
@@ -6,6 +6,7 @@ processes with their own connections, so the test's rows must really commit.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import socket
@@ -27,11 +28,16 @@ NOOP = {"operation": "durable.noop", "input": {"units": 1}}
 
 
 def test_submit__committed_before_202_and_replayed_after_a_restart(live):
-    first = live.post("/api/jobs", json=NOOP, headers={"Idempotency-Key": "release-7"})
-    assert first.status_code == 202
-    # Read through the test's own connection, right after the response: committed.
-    job = Job.objects.get(pk=first.json()["id"])
-    assert job.state == "queued"
+    headers = {"Authorization": f"Bearer {live.token}", "Idempotency-Key": "release-7"}
+    with live.http.stream("POST", "/api/jobs", json=NOOP, headers=headers) as response:
+        # Only the status line and headers have arrived: the job they name is already
+        # visible through the test's own connection (another process's commit).
+        assert response.status_code == 202
+        job_id = int(response.headers["Location"].rsplit("/", 1)[1])
+        assert Job.objects.get(pk=job_id).state == "queued"
+        response.read()
+    first = response
+    assert first.json()["id"] == job_id
 
     live.server.stop()  # SIGTERM: the process and its memory are gone
     live.server.start()
@@ -137,6 +143,14 @@ def test_tokens__never_in_clear_in_the_database_or_the_logs(live, caplog):
         assert live.get("/api/jobs", token=secret).status_code == 401
         bad_header = live.get("/api/jobs", token=None, headers={"Authorization": f"Basic {token}"})
         assert bad_header.status_code == 401
+        # curl -u "$TOKEN:": a real Basic header, base64("<token>:"), which gunicorn's
+        # default access-log format decodes and logs as the user name (%(u)s).
+        assert live.get("/api/jobs", token=None, auth=(token, "")).status_code == 401
+    # A token pasted into the query string: refused, and neither gunicorn's access log
+    # nor Django's request log writes the query string. (Outside caplog: httpx, the
+    # client here, logs the URLs it requests.)
+    assert live.get(f"/api/jobs?access_token={token}", token=None).status_code == 401
+    assert live.get(f"/api/jobs?access_token={token}").status_code == 400
 
     dump = dump_database()
     assert hash_token(token) in dump  # the scan does read the clients table…
@@ -149,7 +163,7 @@ def test_tokens__never_in_clear_in_the_database_or_the_logs(live, caplog):
         assert secret not in text, where
         assert near_miss[len("dur_0123456789ab_") :] not in text, where
     # The server's log is not empty: the scan looked at real request lines.
-    assert "/api/jobs" in live.server.log()
+    assert '"GET /api/jobs HTTP/1.1" 401' in live.server.log()
 
 
 def dump_database() -> str:
@@ -163,8 +177,14 @@ def dump_database() -> str:
 
 
 def raw_request(url: str, request: bytes) -> bytes:
-    """Send bytes no well-behaved client would, read the reply."""
+    """Send bytes no well-behaved client would, read the reply.
+
+    ``Connection: close`` is added to the headers: gthread workers keep a
+    connection open for the next request, and the reply is read to EOF.
+    """
     host, port = url.removeprefix("http://").split(":")
+    head, sep, body = request.partition(b"\r\n\r\n")
+    request = head + b"\r\nConnection: close" + sep + body
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(request)
         chunks = []
@@ -194,6 +214,14 @@ def test_hostile_requests__get_precise_refusals_never_a_500(live):
         + b"Content-Length: 100000000\r\n\r\n{",
     )  # fmt: skip
     assert huge.startswith(b"HTTP/1.1 413"), huge[:200]
+    # A chunked body (no Content-Length): 411, not "the request body is empty".
+    chunked = raw_request(
+        url,
+        b"POST /api/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + json_type
+        + b"Transfer-Encoding: chunked\r\n\r\n"
+        + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n",
+    )  # fmt: skip
+    assert chunked.startswith(b"HTTP/1.1 411"), chunked[:300]
     # Invalid UTF-8 in the body, a lone surrogate escape, a NUL character.
     assert post(json_type, b'{"operation": "\xff"}').startswith(b"HTTP/1.1 400")
     lone = b'{"operation": "durable.noop", "input": {"x": "\\ud800"}}'
@@ -210,3 +238,53 @@ def test_hostile_requests__get_precise_refusals_never_a_500(live):
         response = live.get(f"/api/jobs/{job.pk}/events?{query}")
         assert response.status_code == 400, (query, response.text)
     assert " 500 " not in live.server.log()
+
+
+def test_streams__pages_are_served_while_streams_are_open_and_extra_streams_get_503(
+    live_server_factory, make_client
+):
+    # One process with four threads, two of which may stream. Under sync workers the
+    # page requests below would wait for a stream to end (up to 30 s).
+    server = live_server_factory(
+        workers=1,
+        threads=4,
+        DURABLE_API_MAX_STREAMS="2",
+        DURABLE_API_STREAM_SECONDS="30",
+        DURABLE_API_STREAM_POLL_SECONDS="0.1",
+        DURABLE_API_STREAM_KEEPALIVE_SECONDS="0.2",  # a gone client is noticed fast
+    )
+    _, token = make_client("followers")
+    auth = {"Authorization": f"Bearer {token}"}
+    sse = {**auth, "Accept": "text/event-stream"}
+    job = jobs.enqueue("durable.noop", {})  # queued, no worker: its stream stays open
+    url = f"{server.url}/api/jobs/{job.pk}/events"
+    readers = []  # referenced: a reader dropped mid-stream closes its connection
+    with contextlib.ExitStack() as open_streams:
+        for _ in range(2):
+            http = open_streams.enter_context(httpx.Client(timeout=10))
+            response = open_streams.enter_context(http.stream("GET", url, headers=sse))
+            assert response.status_code == 200
+            readers.append(response.iter_lines())
+            assert next(readers[-1]) == "retry: 2000"  # streaming, not waiting in a queue
+        busy = httpx.get(url, headers=sse, timeout=10)
+        assert busy.status_code == 503
+        assert busy.json()["code"] == "too_many_streams"
+        assert int(busy.headers["Retry-After"]) > 0
+        started = time.monotonic()
+        assert httpx.get(f"{server.url}/api/jobs", headers=auth, timeout=5).status_code == 200
+        assert httpx.get(f"{server.url}/api/jobs/{job.pk}/events", headers=auth).status_code == 200
+        login = httpx.get(f"{server.url}/problems/", timeout=5)
+        assert login.status_code in (200, 302)
+        assert time.monotonic() - started < 5
+        # Both streams were open all along: they still deliver (keep-alive comments).
+        for reader in readers:
+            assert next(line for line in reader if line.startswith(":")) == ": keep-alive"
+    # The followers hung up: their slots are free again once the server notices.
+    deadline = time.monotonic() + 15
+    while True:
+        with httpx.Client(timeout=10) as http, http.stream("GET", url, headers=sse) as again:
+            if again.status_code == 200:
+                break
+        assert time.monotonic() < deadline, "the closed streams kept their slots"
+        time.sleep(0.2)
+    assert " 500 " not in server.log()
