@@ -160,6 +160,9 @@ for i in range(n):
 
 
 def test_security_upsert__four_processes_at_once_lose_no_count(workers, tmp_path):
+    """Real processes hammering one row. On SQLite writers take turns anyway, so
+    this cannot catch a read-modify-write there; the deterministic proof on
+    both databases is test_recovery_security's concurrent-writer test."""
     per_process = 40
     gate = tmp_path / "go"
     env = workers.env()
