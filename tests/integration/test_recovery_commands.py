@@ -14,8 +14,9 @@ from django.utils import timezone
 
 from durable import jobs
 from durable.models import Job
-from recovery.models import IngestCursor, RecoveryEvent
-from recovery.records import cursor_for, record_event, record_security
+from recovery.models import IngestCursor, IngestPath, RecoveryEvent
+from recovery.policy import Position
+from recovery.records import follow, name_for, record_event, record_security
 
 pytestmark = pytest.mark.django_db
 
@@ -222,7 +223,13 @@ def test_admin__the_detail_page_renders_a_job_event(admin_client):
 
 
 def test_ingest_cursor_admin__refuses_deletion(admin_client, tmp_path):
-    cursor = cursor_for(str(Path(tmp_path) / "f.jsonl"))
+    cursor = follow(str(Path(tmp_path) / "f.jsonl"), Position.fresh("1:2"))
+    name = name_for(str(Path(tmp_path) / "f.jsonl"))
+    assert admin_client.get(reverse("admin:recovery_ingestcursor_changelist")).status_code == 200
+    assert admin_client.get(reverse("admin:recovery_ingestpath_changelist")).status_code == 200
     url = reverse("admin:recovery_ingestcursor_delete", args=[cursor.pk])
     assert admin_client.post(url, {"post": "yes"}).status_code == 403
     assert IngestCursor.objects.filter(pk=cursor.pk).exists()
+    url = reverse("admin:recovery_ingestpath_delete", args=[name.pk])
+    assert admin_client.post(url, {"post": "yes"}).status_code == 403
+    assert IngestPath.objects.filter(pk=name.pk).exists()

@@ -268,6 +268,18 @@ def test_worker_start__finds_the_file_in_the_wekan_data_directory(
     assert job.input["path"] == str(tmp_path / "recovery-events.jsonl")
 
 
+def test_configured_file__a_relative_path_is_the_project_directorys_wherever_we_run(
+    settings, tmp_path, monkeypatch
+):
+    project = tmp_path / "project"
+    (project / "var").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    settings.BASE_DIR = project
+    settings.RECOVERY_EVENTS_FILE = "var/recovery-events.jsonl"
+    monkeypatch.chdir(tmp_path / "elsewhere")  # a worker started from another directory
+    assert receivers.configured_events_file() == str(project / "var" / "recovery-events.jsonl")
+
+
 def test_ingest_schedule__looks_every_interval_and_only_if_the_file_changed(settings, tmp_path):
     path = tmp_path / "recovery-events.jsonl"
     path.write_text('{"type": "integrity-ok"}\n')

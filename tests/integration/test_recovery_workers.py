@@ -20,9 +20,9 @@ import pytest
 from django.core.management import call_command
 
 from durable import jobs
-from durable.models import Job
-from recovery.models import IngestCursor, RecoveryEvent, SecurityEvent
-from recovery.receivers import enqueue_ingest
+from durable.models import Job, JobEvent, UnitResult
+from recovery.models import EventType, IngestCursor, IngestPath, RecoveryEvent, SecurityEvent
+from recovery.operations import job_summary
 from tests.conftest import BASE_DIR, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -93,25 +93,73 @@ def test_worker_killed_mid_ingest__replay_never_duplicates(
     assert job.state == "completed"
     assert job.reclaims == 1
     assert_each_once(10)
-    cursor = IngestCursor.objects.get(path=str(path))
+    cursor = IngestPath.objects.get(path=str(path)).cursor
     assert (cursor.offset, cursor.lines_imported) == (path.stat().st_size, 10)
 
 
-def test_two_workers_ingesting_one_file__never_import_a_line_twice(workers, tmp_path):
+def test_worker_killed_after_the_summary__the_replay_reports_what_it_imported(workers, tmp_path):
+    path = tmp_path / "recovery-events.jsonl"
+    append(path, *numbered(0, 10))
+    job = jobs.enqueue("recovery.ingest", {"path": str(path), "batch_lines": 3})
+    # Killed once the run's summary committed, before the job completed...
+    crashed = workers.run(faults="before_complete:1")
+    assert crashed.returncode == -signal.SIGKILL, workers.log(crashed)
+    assert not RecoveryEvent.objects.filter(type=EventType.INGEST_REPORT).exists()  # clean
+    # ...and lines arrive before the replay, one of them malformed.
+    append(path, *numbered(10, 12), tail=b"not json\n")
+    assert workers.run().returncode == 0
+    job.refresh_from_db()
+    assert job.state == "completed"
+    assert_each_once(12)
+    # The replay's own summary (not skipped as "already done") reports its lines.
+    report = RecoveryEvent.objects.get(type=EventType.INGEST_REPORT)
+    assert report.detail.startswith("Imported 2 of 3 lines")
+    assert "1 malformed JSON" in report.detail
+    totals = job_summary(job.pk)
+    assert (totals["imported"], totals["lines"]) == (12, 13)
+
+
+def line_units() -> list[dict]:
+    """The committed results of every ``lines:`` unit, of every job."""
+    rows = UnitResult.objects.filter(key__startswith="lines:").order_by("id")
+    return list(rows.values_list("result", flat=True))
+
+
+def test_two_workers_ingesting_one_file_under_two_names__never_import_a_line_twice(
+    workers, tmp_path
+):
     path = tmp_path / "recovery-events.jsonl"
     append(path, *numbered(0, 600))
-    # Two ingests of the same file at once (the unique key would normally
-    # prevent that; a second spelling of the path, or an operator, might not).
-    first = enqueue_ingest(str(path))
-    second = jobs.enqueue("recovery.ingest", {"path": str(path), "batch_lines": 20})
-    Job.objects.filter(pk=first.pk).update(input={**first.input, "batch_lines": 20})
-    procs = [workers.start(burst=True, lease=2.0) for _ in range(2)]
+    link = tmp_path / "elsewhere" / "recovery-events.jsonl"
+    link.parent.mkdir()
+    os.link(path, link)  # a second name of the same file: two unique keys, two jobs
+    first = jobs.enqueue("recovery.ingest", {"path": str(path), "batch_lines": 20})
+    second = jobs.enqueue("recovery.ingest", {"path": str(link), "batch_lines": 20})
+    assert first.pk != second.pk
+    # Each worker stops (SIGSTOP) right after committing its 2nd batch. They share
+    # one cursor, and only one of them can have committed last: the other holds
+    # a position the cursor has left, so when both go on, it must lose a race.
+    procs = [workers.start("--burst", faults="after_checkpoint:2:stop", lease=30) for _ in range(2)]
+    wait_until(lambda: all(proc_state(proc.pid) == "T" for proc in procs), timeout=60)
+    for proc in procs:
+        os.kill(proc.pid, signal.SIGCONT)
     for proc in procs:
         assert proc.wait(timeout=120) == 0, workers.log(proc)
     assert set(Job.objects.values_list("state", flat=True)) == {"completed"}
-    assert {first.pk, second.pk} <= set(Job.objects.values_list("pk", flat=True))
     assert_each_once(600)
-    assert IngestCursor.objects.get(path=str(path)).lines_imported == 600
+    # The overlap happened: a batch read from a stale position was refused...
+    assert JobEvent.objects.filter(job__in=[first, second], kind="rescheduled").exists()
+    # ...before it committed: the committed batches cover each line exactly once.
+    # (A unique-constraint hit alone would show as a committed batch of duplicates.)
+    units = line_units()
+    assert sum(unit["lines"] for unit in units) == 600
+    assert [unit["duplicates"] for unit in units] == [0] * len(units)
+    (cursor,) = IngestCursor.objects.all()
+    assert cursor.lines_imported == 600
+    names = IngestPath.objects.order_by("path")
+    assert [(name.path, name.cursor_id) for name in names] == sorted(
+        [(str(path), cursor.pk), (str(link), cursor.pk)]
+    )
 
 
 def proc_state(pid: int) -> str:
@@ -122,13 +170,15 @@ def proc_state(pid: int) -> str:
 def test_two_ingests_of_one_file__the_late_one_notices_and_imports_nothing_twice(workers, tmp_path):
     path = tmp_path / "recovery-events.jsonl"
     append(path, *numbered(0, 100))
+    link = tmp_path / "recovery-events-link.jsonl"
+    os.link(path, link)
     late = jobs.enqueue("recovery.ingest", {"path": str(path), "batch_lines": 20})
     # Worker A imports the first batch, then stops (SIGSTOP) right after that commit.
     stalled = workers.start("--burst", faults="after_checkpoint:1:stop", lease=30)
     wait_until(lambda: proc_state(stalled.pid) == "T")
     assert len(imported_details()) == 20
-    # Meanwhile another ingest of the same file runs to the end on worker B.
-    other = jobs.enqueue("recovery.ingest", {"path": str(path), "batch_lines": 20})
+    # Meanwhile another ingest of the same file (under its other name) runs to the end.
+    other = jobs.enqueue("recovery.ingest", {"path": str(link), "batch_lines": 20})
     assert workers.run(lease=30).returncode == 0
     assert Job.objects.get(pk=other.pk).state == "completed"
     assert len(imported_details()) == 100
