@@ -215,8 +215,12 @@ def parse_ts(value: Any) -> datetime | None:
 
 
 def _object_id(value: Any) -> str:
+    """An id as text of at most ``MAX_OBJECT_ID_CHARS``; a number too (JSON allows any size)."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
+        try:
+            value = str(value)
+        except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
+            return "…"
     return clean_text(value, MAX_OBJECT_ID_CHARS)
 
 

@@ -149,8 +149,16 @@ def on_job_needs_attention(
     checkpoint: Any = None,
     attempt: int | None = None,
     next_attempt_at: datetime | None = None,
+    next_retry_at: datetime | None = None,
     **kwargs: Any,
 ) -> None:
+    """A job that stopped for a person; when it will be retried by itself, if it will.
+
+    The engine names that moment ``next_attempt_at`` (``job_reclaimed`` too);
+    ``next_retry_at`` is accepted as well, so a sender using the column's name
+    is not silently dropped into ``**kwargs``.
+    """
+    next_attempt_at = next_attempt_at or next_retry_at
     failed = state == "failed"
     detail = (
         f"Job {job_id} ({operation}) is {state} ({cause}) after attempt {attempt}, "

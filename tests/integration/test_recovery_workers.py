@@ -10,9 +10,12 @@ from __future__ import annotations
 import io
 import json
 import os
+import pty
+import select
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -248,3 +251,53 @@ def test_ingest_command__wait_runs_it_here_and_reports(tmp_path):
     assert "imported 4 of 5 new lines; skipped 1 malformed_json" in text
     assert_each_once(4)
     assert Job.objects.get(operation="recovery.ingest").state == "completed"
+
+
+def run_under_a_terminal(args: list[str], env: dict[str, str], timeout: float = 120) -> str:
+    """Run ``manage.py`` with a pseudo-terminal as its stdout; everything it wrote."""
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", *args],
+        cwd=BASE_DIR,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=terminal,
+        stderr=subprocess.STDOUT,
+    )
+    os.close(terminal)
+    output = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([controller], [], [], 0.5)
+            if not ready:
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                data = os.read(controller, 65536)
+            except OSError:  # EIO: the other end closed
+                break
+            if not data:
+                break
+            output += data
+        assert proc.wait(timeout=10) == 0, output.decode(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(controller)
+    return output.decode(errors="replace")
+
+
+def test_ingest_command__shows_a_progress_bar_on_a_terminal(workers, tmp_path):
+    path = tmp_path / "recovery-events.jsonl"
+    append(path, *numbered(0, 3000))
+    # --wait runs it in the command's own process; the bar redraws in place (\r).
+    text = run_under_a_terminal(["ingest_recovery_events", str(path), "--wait"], workers.env())
+    assert "\r[" in text
+    bars = [part for part in text.replace("\n", "\r").split("\r") if part.startswith("[")]
+    assert bars[-1].startswith("[" + "#" * 30 + "] ")
+    assert bars[-1].rstrip().endswith("completed")
+    assert "imported 3,000 of 3,000 new lines" in text
+    assert_each_once(3000)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from recovery.parsing import (
     MAX_LINE_BYTES,
+    MAX_OBJECT_ID_CHARS,
     MAX_OBJECTS,
     SEVERITIES,
     UNKNOWN_TITLE,
@@ -240,6 +241,31 @@ def test_bound_objects__aligns_titles_and_keeps_the_true_count():
     ids, titles, count = bound_objects(list(range(1000)), "not a list")
     assert (len(ids), len(titles), count) == (MAX_OBJECTS, MAX_OBJECTS, 1000)
     assert bound_objects(None, None) == ([], [], 0)
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (7, "7"),
+        (-12, "-12"),
+        (10**99, "1" + "0" * 99),  # 100 digits: fits
+        (10**150, "1" + "0" * 98 + "…"),  # longer: cut like any text
+        (10**5000, "…"),  # more digits than Python will print
+        ("x" * 150, "x" * 99 + "…"),
+        (True, ""),  # not an id
+    ],
+    ids=["small", "negative", "100-digits", "150-digits", "5000-digits", "long-text", "bool"],
+)
+def test_bound_objects__ids_are_bounded_whatever_their_type(given, expected):
+    (object_id,), _, _ = bound_objects([given], [])
+    assert object_id == expected
+    assert len(object_id) <= MAX_OBJECT_ID_CHARS
+
+
+def test_parse_line__a_huge_numeric_object_id_is_bounded():
+    raw = b'{"type": "board-permanently-deleted", "boardIds": [' + b"9" * 500 + b"]}"
+    event = parse_line(raw)
+    assert event.object_ids == ["9" * 99 + "…"]
 
 
 # --- chunks of the file ----------------------------------------
