@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import zlib
 from datetime import UTC, datetime
@@ -405,3 +406,15 @@ def test_parse_chunk__accounts_for_every_line_exactly_once(pieces, max_lines, fi
         end = data.find(b"\n", offset)
         assert crc == zlib.crc32(data[offset : end if end >= 0 else len(data)])
         assert_fit_for_the_database(parsed)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_parse_chunk__leaves_the_cycle_collector_as_it_found_it(enabled):
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        chunk = parse_chunk(EXAMPLE + b"\n" + EXAMPLE + b"\n", offset=0, crc=0)
+        assert len(chunk.events) == 2
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
