@@ -207,7 +207,7 @@ class IngestRecoveryEvents(Operation):
                 if copy is not None:
                     with copy:
                         expected = yield from self._drain(stage, cursor.pk, expected, copy, limits)
-                    drained = copy.path
+                    drained, probe = copy.path, handle.probe(expected)
             plan = plan_start(expected, probe, drained=drained)
             note = "; ".join(filter(None, [note, plan.note]))
             moved = False
