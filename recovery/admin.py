@@ -13,7 +13,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from .models import IngestCursor, RecoveryEvent, SecurityEvent
+from .models import IngestCursor, IngestPath, RecoveryEvent, SecurityEvent
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -67,11 +67,19 @@ class SecurityEventAdmin(ReadOnlyAdmin):
 
 @admin.register(IngestCursor)
 class IngestCursorAdmin(ReadOnlyAdmin):
-    list_display = ["path", "offset", "generation", "file_id", "lines_imported", "lines_skipped",
-                    "updated_at"]  # fmt: skip
+    list_display = ["path", "offset", "generation", "file_id", "tag", "lines_imported",
+                    "lines_skipped", "updated_at"]  # fmt: skip
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False  # without it the next ingest reads the whole file again
+
+
+@admin.register(IngestPath)
+class IngestPathAdmin(ReadOnlyAdmin):
+    list_display = ["path", "cursor", "seen", "updated_at"]
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False  # it tells the next ingest which file the name held: rotations
 
 
 from .imports import admin as _imports_admin  # noqa: E402,F401 - registers its pages

@@ -133,7 +133,8 @@ class RecoveryEvent(models.Model):
     reason = models.TextField(blank=True, default="", help_text="Bounded failure reason.")
     reclaimed = models.BooleanField(default=False, help_text="Taken back by restart recovery.")
 
-    # Lines of recovery-events.jsonl: "<file tag>:<generation>:<byte offset>:<crc>",
+    # Lines of recovery-events.jsonl: "<file tag>:<generation>:<byte offset>:<crc>"
+    # (the file by device:inode, not by name: see IngestCursor),
     # unique, so replaying a batch never imports a line twice.
     source_line = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
 
@@ -165,6 +166,9 @@ class RecoveryEvent(models.Model):
             models.CheckConstraint(
                 condition=Q(severity__in=Severity.values), name="recovery_event_severity_valid"
             ),
+            # The bulk insert bypasses Django's validation; the parser never
+            # gives an empty type, and the table says so too.
+            models.CheckConstraint(condition=~Q(type=""), name="recovery_event_type_not_empty"),
         ]
 
     def __str__(self) -> str:
@@ -237,13 +241,18 @@ class SecurityEvent(models.Model):
 
 
 class IngestCursor(models.Model):
-    """How far ``recovery-events.jsonl`` at ``path`` has been imported (see ``policy.Position``).
+    """How far one file has been imported (see ``policy.Position``), whatever it is called.
 
-    Advanced in the same transaction as the lines it covers, conditional on
-    its previous value, so two ingests of one file can never both import a batch.
+    One row per file followed — by device:inode, never by name — so a hard
+    link, a bind mount or a symlinked directory naming the same file share
+    one position and one line identity (``tag``/``generation``): each line
+    is imported once whichever name it was read under. ``IngestPath`` says
+    which file each name held at the last look. Advanced in the same
+    transaction as the lines it covers, conditional on its previous value,
+    so two ingests of one file can never both import a batch.
     """
 
-    path = models.CharField(max_length=1024, unique=True)
+    path = models.CharField(max_length=1024, help_text="The name it was last read under.")
     tag = models.CharField(max_length=16, help_text="The file's name in line identities.")
     file_id = models.CharField(max_length=64, blank=True, default="", help_text="device:inode")
     generation = models.PositiveIntegerField(default=0)
@@ -252,13 +261,38 @@ class IngestCursor(models.Model):
     tail = models.CharField(max_length=64, blank=True, default="")
     crc = models.BigIntegerField(default=0)
     skipping = models.BooleanField(default=False)
-    seen = models.CharField(max_length=128, blank=True, default="", help_text="Last looked at.")
     lines_imported = models.PositiveBigIntegerField(default=0)
     lines_skipped = models.PositiveBigIntegerField(default=0)
     updated_at = models.DateTimeField(default=timezone.now)
 
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["file_id"], condition=~Q(file_id=""), name="recovery_ingest_file_unique"
+            ),
+        ]
+
     def __str__(self) -> str:
         return f"{self.path} @ {self.offset}"
+
+
+class IngestPath(models.Model):
+    """A name of ``recovery-events.jsonl`` (symlinks resolved) and the file it held last.
+
+    When the name holds another file than ``cursor``'s, the old one was rotated
+    or replaced: the ingest finishes it first (``tailer.find_rotated``).
+    ``seen`` is what the worker heartbeat compares to decide whether to look again.
+    """
+
+    path = models.CharField(max_length=1024, unique=True)
+    cursor = models.ForeignKey(
+        IngestCursor, null=True, blank=True, on_delete=models.SET_NULL, related_name="names"
+    )
+    seen = models.CharField(max_length=128, blank=True, default="", help_text="Last looked at.")
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return self.path
 
 
 from .dashboard.models import DailyCount, SearchCursor  # noqa: E402,F401 - registers the models

@@ -6,14 +6,17 @@ offset, CRC-32 of everything read) plus the byte offset reached. A run reads
 only bytes after the offset, so importing 10 appended lines costs the same
 whether the file holds 100 lines or 10 million.
 
-The cursor (``IngestCursor``) outlives the job: every periodic ingest is a new
-job that starts where the last one stopped. A unit inserts its lines and
-advances the cursor — conditional on the cursor still being where the unit
-started — in the transaction that also advances the job's checkpoint
-(``atomic_units``). So a crash anywhere repeats at most an uncommitted batch,
-and two ingests of one file cannot both import it. Every line also carries
-its identity (file, generation, offset, CRC) under a unique constraint, so
-even a replay that got past all of that inserts nothing twice.
+The cursor (``IngestCursor``) belongs to the file, by device:inode, and
+outlives the job: every periodic ingest is a new job that starts where the
+last one stopped, under whatever name it was asked for (``IngestPath``
+records each name and the file it held, which is how a rotation is
+noticed). A unit inserts its lines and advances the cursor — conditional on
+the cursor still being where the unit started — in the transaction that
+also advances the job's checkpoint (``atomic_units``). So a crash anywhere
+repeats at most an uncommitted batch, and two ingests of one file (under
+one name or two) cannot both import it. Every line also carries its
+identity (file tag and generation, offset, CRC) under a unique constraint,
+so even a replay that got past all of that inserts nothing twice.
 
 Reading happens in ``units()`` (outside the write transaction); ``run_unit``
 only inserts. The parsed batch passes from one to the other in memory, keyed
@@ -27,8 +30,8 @@ import math
 import os
 import threading
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.db import transaction
@@ -36,14 +39,23 @@ from django.utils import timezone
 
 from durable.errors import InputRejected, NonRetryable, RetryLater, Unavailable
 from durable.models import UnitResult
-from durable.operations import JobContext, Operation, Unit, register
+from durable.operations import Access, JobContext, Operation, Unit, register
 
-from .models import EventType, IngestCursor, RecoveryEvent
+from .models import EventType, RecoveryEvent
 from .notify import publish_errors
 from .parsing import SKIP_LABELS, Chunk
-from .policy import Position, Verdict, ingest_report, line_prefix, plan_start, verdict
-from .records import advance_cursor, cursor_for, insert_lines, position_of
-from .tailer import MIN_BATCH_BYTES, NotAFile, OpenFile, find_rotated
+from .policy import Position, Verdict, ingest_report, ingest_unique_key, plan_start, verdict
+from .records import (
+    advance_cursor,
+    cursor_of_file,
+    follow,
+    insert_lines,
+    is_followed,
+    name_for,
+    point_name,
+    position_of,
+)
+from .tailer import MIN_BATCH_BYTES, NotAFile, OpenFile, canonical, find_rotated
 
 DEFAULT_BATCH_LINES = 10_000
 MAX_BATCH_LINES = 100_000
@@ -56,19 +68,19 @@ MAX_PATH_CHARS = 1024
 class _Batch:
     """A unit's work, prepared by ``units()`` for ``run_unit``."""
 
-    cursor_id: int
+    cursor_id: int | None
     expected: Position  # the cursor as this unit finds it
     after: Position  # the cursor once this unit is done
     chunk: Chunk | None = None
-    tag: str = ""
     note: str = ""
+    path: str = ""  # the file the bytes come from (the name, or its rotated file)
     summary_of: str = ""  # set on the run's last unit: the file's signature
-    path: str = ""
-    keys: list[tuple[str, Any]] = field(default_factory=list)
+    name_id: int | None = None  # on the last unit: the name to point at the cursor
 
 
 _pending: dict[tuple[int, int, str], _Batch] = {}
 _pending_lock = threading.Lock()
+MISSING = "missing"
 
 
 def _int_in(data: dict, name: str, default: int, low: int, high: int) -> int:
@@ -78,11 +90,32 @@ def _int_in(data: dict, name: str, default: int, low: int, high: int) -> int:
     return value
 
 
+def job_summary(job_id: int) -> dict[str, Any]:
+    """What a whole ingest job imported: its run summaries added up.
+
+    A job usually has one; a replay that got further after a crash adds
+    another for what it imported, never the same lines twice.
+    """
+    total: dict[str, Any] = {"lines": 0, "imported": 0, "duplicates": 0, "ips_dropped": 0}
+    skipped: Counter = Counter()
+    notes: list[str] = []
+    results = UnitResult.objects.filter(job_id=job_id, key__startswith="summary:").order_by("id")
+    for result in results.values_list("result", flat=True):
+        summary = (result or {}).get("summary") or {}
+        for name in total:
+            total[name] += summary.get(name, 0)
+        skipped.update(summary.get("skipped") or {})
+        notes += summary.get("notes") or []
+    return {**total, "skipped": dict(skipped), "notes": notes}
+
+
 @register
 class IngestRecoveryEvents(Operation):
     name = "recovery.ingest"
     label = "Import recovery-events.jsonl"
     description = "Imports the lines launch scripts appended since the last import."
+    # Its input names a file on the server, read with the worker's rights.
+    access = Access.PRIVILEGED
     atomic_units = True  # its only side effects are rows in this database
     max_attempts = 5
     backoff_base, backoff_max = 2.0, 120.0
@@ -95,24 +128,26 @@ class IngestRecoveryEvents(Operation):
         if len(path) > MAX_PATH_CHARS or "\x00" in path:
             raise InputRejected("path", f"must be at most {MAX_PATH_CHARS} characters, no NUL")
         return {
-            "path": os.path.abspath(os.path.expanduser(path.strip())),
+            "path": canonical(path.strip()),
             "batch_lines": _int_in(data, "batch_lines", DEFAULT_BATCH_LINES, 1, MAX_BATCH_LINES),
             "batch_bytes": _int_in(
                 data, "batch_bytes", DEFAULT_BATCH_BYTES, MIN_BATCH_BYTES, MAX_BATCH_BYTES
             ),
         }
 
+    def unique_key(self, data: dict[str, Any]) -> str:
+        """One unfinished ingest per name, however it was asked for (symlinks resolved)."""
+        return ingest_unique_key(data["path"])
+
     def total_units(self, ctx: JobContext) -> int:
         """An estimate from the unread bytes: the progress bar needs no exact count."""
-        path = ctx.input["path"]
         try:
-            size = os.stat(path).st_size
+            info = os.stat(ctx.input["path"])
         except OSError:
             return 1
-        offset = (
-            IngestCursor.objects.filter(path=path).values_list("offset", flat=True).first() or 0
-        )
-        unread = size - offset if size >= offset else size
+        cursor = cursor_of_file(f"{info.st_dev}:{info.st_ino}")
+        offset = cursor.offset if cursor is not None else 0
+        unread = info.st_size - offset if info.st_size >= offset else info.st_size
         return math.ceil(unread / ctx.input["batch_bytes"]) + 1
 
     # --- reading: outside the write transaction --------------------------------------
@@ -128,43 +163,71 @@ class IngestRecoveryEvents(Operation):
             ) from None
         except NotAFile as exc:
             raise NonRetryable(str(exc)) from None
+        stage = self._stager(ctx)
         try:
-            cursor = cursor_for(path)
-            expected = position_of(cursor)
-            stage = self._stager(ctx, cursor, path)
+            name = name_for(path)
             if handle is None:
                 ctx.event("nothing_to_import", f"{path} does not exist (yet)")
-                yield stage(expected, expected, summary_of="missing")
+                nowhere = Position()
+                yield stage(name.cursor_id, nowhere, nowhere, summary_of=MISSING, name_id=name.pk)
                 return
-            probe = handle.probe(expected)
-            drained = False
-            prefix_crc = None
-            if verdict(expected, probe) is Verdict.REPLACED:
-                old = find_rotated(path, expected.file_id)
+            cursor = cursor_of_file(handle.file_id)
+            previous = name.cursor
+            note = ""
+            if previous is not None and previous.file_id != handle.file_id:
+                # The name held another file at the last look: rotated or replaced.
+                # Finish the old one first, wherever it went; then follow the new one.
+                expected = position_of(previous)
+                drained = ""
+                old = find_rotated(path, expected, known=is_followed)
                 if old is not None:
                     with old:
-                        if verdict(expected, old.probe(expected)) is Verdict.CONTINUE:
-                            note = f"rotated: finishing {old.path}"
-                            for chunk, after in old.chunks(
-                                expected, end=old.size, final=True, **limits
-                            ):
-                                yield stage(expected, after, chunk=chunk, note=note)
-                                expected, note = after, ""
-                            drained = True
-                same_size_or_more = handle.size >= expected.offset
-                if not drained and same_size_or_more and probe.head == expected.head:
-                    prefix_crc = handle.crc(expected.offset)
-            plan = plan_start(expected, probe, drained_rotated=drained, prefix_crc=prefix_crc)
-            note, moved = plan.note, False
+                        expected = yield from self._drain(stage, previous.pk, expected, old, limits)
+                    drained = old.path
+                if cursor is None:
+                    probe = handle.probe(expected)
+                    prefix_crc = None
+                    if (
+                        not drained
+                        and handle.size >= expected.offset
+                        and (probe.head == expected.head and probe.tail == expected.tail)
+                    ):
+                        prefix_crc = handle.crc(expected.offset)
+                    plan = plan_start(expected, probe, drained=drained, prefix_crc=prefix_crc)
+                    cursor, note = follow(path, plan.start), plan.note
+            elif cursor is None:
+                cursor = follow(path, Position.fresh(handle.file_id))
+            # The file at the name, from where its cursor stopped.
+            expected = position_of(cursor)
+            probe = handle.probe(expected)
+            drained = ""
+            if verdict(expected, probe) in (Verdict.TRUNCATED, Verdict.REWRITTEN):
+                # copytruncate: the lines written since the last look are in the copy.
+                copy = find_rotated(path, expected, known=is_followed)
+                if copy is not None:
+                    with copy:
+                        expected = yield from self._drain(stage, cursor.pk, expected, copy, limits)
+                    drained, probe = copy.path, handle.probe(expected)
+            plan = plan_start(expected, probe, drained=drained)
+            note = "; ".join(filter(None, [note, plan.note]))
+            moved = False
             for chunk, after in handle.chunks(plan.start, end=handle.size, **limits):
-                yield stage(expected, after, chunk=chunk, note=note)
+                yield stage(cursor.pk, expected, after, chunk=chunk, note=note, path=path)
                 expected, note, moved = after, "", True
             if not moved and expected != plan.start:
-                # A new file with no complete line yet: remember it anyway, so the
-                # next run neither looks for the old one again nor misses the change.
-                yield stage(expected, plan.start, note=note)
-                expected = plan.start
-            yield stage(expected, expected, summary_of=handle.signature)
+                # A new generation with no complete line yet: remember it anyway, so
+                # the next run neither looks for a copy again nor misses the change.
+                yield stage(cursor.pk, expected, plan.start, note=note, path=path)
+                expected, note = plan.start, ""
+            yield stage(
+                cursor.pk,
+                expected,
+                expected,
+                note=note,
+                path=path,
+                summary_of=handle.signature,
+                name_id=name.pk,
+            )
         finally:
             if handle is not None:
                 handle.close()
@@ -172,30 +235,55 @@ class IngestRecoveryEvents(Operation):
                 for key in [k for k in _pending if k[:2] == (ctx.job_id, ctx.lease_epoch)]:
                     del _pending[key]
 
-    def _stager(self, ctx: JobContext, cursor: IngestCursor, path: str):
+    def _drain(
+        self, stage: Any, cursor_id: int, expected: Position, old: OpenFile, limits: dict
+    ) -> Generator[Unit, None, Position]:
+        """Read the rest of a rotated file (or its copy) to its very end; the position reached.
+
+        Nobody writes to it any more, so its last line counts even without its newline.
+        A copy is then remembered as a file the ingest has finished, so a later
+        rotation that begins with the same bytes is never taken for it.
+        """
+        how = "rotated" if old.file_id == expected.file_id else "copied"
+        note = f"{how}: finishing {old.path}"
+        for chunk, after in old.chunks(expected, end=old.size, final=True, **limits):
+            yield stage(cursor_id, expected, after, chunk=chunk, note=note, path=old.path)
+            expected, note = after, ""
+        if old.file_id != expected.file_id:
+            follow(old.path, replace(expected, file_id=old.file_id))
+        return expected
+
+    def _stager(self, ctx: JobContext) -> Any:
         def stage(
+            cursor_id: int | None,
             expected: Position,
             after: Position,
             *,
             chunk: Chunk | None = None,
             note: str = "",
+            path: str = "",
             summary_of: str = "",
+            name_id: int | None = None,
         ) -> Unit:
-            if summary_of:
-                key = "summary"
+            if summary_of == MISSING:
+                key = "summary:missing"
+            elif summary_of:
+                # Named by where the run ended: a replay that gets further after a
+                # crash reports what it imported, one that does not is a repeat.
+                key = f"summary:{cursor_id}:{after.generation}:{after.offset}"
             elif chunk is not None:
-                key = f"lines:{after.generation}:{chunk.offset}"
+                key = f"lines:{cursor_id}:{after.generation}:{chunk.offset}"
             else:
-                key = f"switch:{after.generation}:{after.file_id}:{after.offset}"
+                key = f"switch:{cursor_id}:{after.generation}:{after.file_id}:{after.offset}"
             batch = _Batch(
-                cursor_id=cursor.pk,
+                cursor_id=cursor_id,
                 expected=expected,
                 after=after,
                 chunk=chunk,
-                tag=cursor.tag,
                 note=note,
-                summary_of=summary_of,
                 path=path,
+                summary_of=summary_of,
+                name_id=name_id,
             )
             with _pending_lock:
                 _pending[(ctx.job_id, ctx.lease_epoch, key)] = batch
@@ -220,18 +308,21 @@ class IngestRecoveryEvents(Operation):
         with transaction.atomic():
             if batch.summary_of:
                 result = self._summarise(ctx, batch)
-                seen = "" if batch.summary_of == "missing" else batch.summary_of
+                if batch.summary_of == MISSING:
+                    point_name(batch.name_id, batch.cursor_id, seen="")
+                    return result
+                point_name(batch.name_id, batch.cursor_id, seen=batch.summary_of)
+                moved = advance_cursor(batch.cursor_id, batch.expected, batch.after)
             else:
                 result = self._import(batch)
-                seen = None
-            moved = advance_cursor(
-                batch.cursor_id,
-                batch.expected,
-                batch.after,
-                imported=result.get("imported", 0),
-                skipped=sum(result.get("skipped", {}).values()),
-                seen=seen,
-            )
+                moved = advance_cursor(
+                    batch.cursor_id,
+                    batch.expected,
+                    batch.after,
+                    imported=result.get("imported", 0),
+                    skipped=sum(result.get("skipped", {}).values()),
+                    path=batch.path,
+                )
             if not moved:
                 raise RetryLater(
                     "another ingest of this file got there first; continuing from its position",
@@ -247,7 +338,7 @@ class IngestRecoveryEvents(Operation):
             result["note"] = batch.note
         if chunk is None:
             return result
-        prefix = line_prefix(batch.tag, batch.after.generation)
+        prefix = batch.after.prefix
         inserted = insert_lines(chunk.events, prefix=prefix, recorded_at=timezone.now())
         # In this unit's transaction: a replayed batch publishes nothing twice.
         published = publish_errors(chunk.events, prefix=prefix)
@@ -265,14 +356,22 @@ class IngestRecoveryEvents(Operation):
         return result
 
     def _summarise(self, ctx: JobContext, batch: _Batch) -> dict[str, Any]:
-        """The run's last unit: one report for the whole run, recorded once."""
+        """The run's last unit: one report for what the run imported, recorded once.
+
+        It covers the units since the job's previous summary, if a crashed run
+        left one: each line is reported by the run that imported it.
+        """
         totals = {"lines": 0, "imported": 0, "duplicates": 0, "ips_dropped": 0}
         skipped: Counter = Counter()
         first_skipped: dict[str, int] = {}
         notes: list[str] = []
-        results = UnitResult.objects.filter(job_id=ctx.job_id).values_list("result", flat=True)
-        for result in results:
-            if not isinstance(result, dict) or "summary" in result:
+        results = UnitResult.objects.filter(job_id=ctx.job_id).order_by("id")
+        for result in results.values_list("result", flat=True):
+            if not isinstance(result, dict):
+                continue
+            if "summary" in result:  # reported already: start counting again
+                totals = dict.fromkeys(totals, 0)
+                skipped, first_skipped, notes = Counter(), {}, []
                 continue
             for name in totals:
                 totals[name] += result.get(name, 0)
@@ -281,14 +380,17 @@ class IngestRecoveryEvents(Operation):
                 first_skipped[reason] = min(at, first_skipped.get(reason, at))
             if result.get("note"):
                 notes.append(result["note"])
+        if batch.note:
+            notes.append(batch.note)
+        path = ctx.input["path"]
         report = ingest_report(
-            batch.path,
+            path,
             imported=totals["imported"],
             lines=totals["lines"],
             skipped=skipped,
             first_skipped=first_skipped,
             ips_dropped=totals["ips_dropped"],
-            notes=[note for note in notes if not note.startswith("rotated: ")],
+            notes=[note for note in notes if not note.startswith(("rotated: ", "copied: "))],
             labels=SKIP_LABELS,
         )
         summary = {**totals, "skipped": dict(skipped), "notes": notes}
@@ -306,7 +408,7 @@ class IngestRecoveryEvents(Operation):
             )
         message = (
             f"imported {totals['imported']:,} of {totals['lines']:,} lines"
-            if batch.summary_of != "missing"
+            if batch.summary_of != MISSING
             else "the file does not exist"
         )
         ctx.event("ingested", message, **summary)

@@ -2,7 +2,8 @@
 
 - where ``recovery-events.jsonl`` is (``events_file_path``);
 - where an ingest resumes in a file that may have grown, been truncated,
-  rewritten, rotated or replaced since the last run (``verdict``, ``plan_start``);
+  rewritten, rotated or replaced since the last run (``verdict``, ``plan_start``),
+  and the identity of the lines it imports (``file_tag``, ``line_key``);
 - the capped per-actor tally of a Security summary row (``tally``);
 - the one-paragraph report of an ingest run (``ingest_report``).
 """
@@ -35,14 +36,22 @@ UNIQUE_KEY_PREFIX = "recovery-ingest:"
 # --- where the file is ----------------------------------------------------------------
 
 
-def events_file_path(configured: str | None, environ: Mapping[str, str]) -> str | None:
-    """``RECOVERY_EVENTS_FILE`` if set, else the WeKan data directory plus the file name."""
+def events_file_path(
+    configured: str | None, environ: Mapping[str, str], base: str = "/"
+) -> str | None:
+    """``RECOVERY_EVENTS_FILE`` if set, else the WeKan data directory plus the file name.
+
+    A relative path is relative to ``base`` (the project directory, as for the
+    SQLite database), not to whatever directory a process was started in: the
+    web server, a worker and a management command must all name the same file.
+    """
     if configured and configured.strip():
-        return os.path.abspath(os.path.expanduser(configured.strip()))
+        return os.path.normpath(os.path.join(base, os.path.expanduser(configured.strip())))
     for name in WEKAN_DIR_VARIABLES:
         directory = (environ.get(name) or "").strip()
         if directory:
-            return os.path.abspath(os.path.join(os.path.expanduser(directory), EVENTS_FILE_NAME))
+            directory = os.path.join(base, os.path.expanduser(directory))
+            return os.path.normpath(os.path.join(directory, EVENTS_FILE_NAME))
     return None
 
 
@@ -54,9 +63,16 @@ def ingest_unique_key(path: str) -> str:
     return UNIQUE_KEY_PREFIX + "sha256:" + hashlib.sha256(path.encode()).hexdigest()
 
 
-def path_tag(path: str) -> str:
-    """A short stable name for the file in every imported line's identity."""
-    return hashlib.sha256(path.encode("utf-8", "surrogateescape")).hexdigest()[:10]
+def file_tag(file_id: str, generation: int) -> str:
+    """A short name for one file's bytes, in every line's identity: its device:inode and
+    generation, never the name it was read under.
+
+    Two names of one file (a hard link, a bind mount) read the same bytes
+    under the same tag, so a line is one row whichever name imported it; a
+    file that starts again (truncated, rewritten) gets a new generation and
+    with it a new tag, so its lines are new even where they repeat old ones.
+    """
+    return hashlib.sha256(f"{file_id}/{generation}".encode()).hexdigest()[:10]
 
 
 def line_prefix(tag: str, generation: int) -> str:
@@ -94,6 +110,8 @@ class Position:
     fingerprints bytes ``[0, min(offset, HEAD_BYTES))`` and ``tail`` the
     ``TAIL_BYTES`` before ``offset``; ``crc`` is the CRC-32 of ``[0, offset)``.
     ``skipping`` means ``offset`` is inside an over-long line being discarded.
+    ``tag`` and ``generation`` name the bytes in every imported line's
+    identity (``line_prefix``).
     """
 
     file_id: str = ""
@@ -103,10 +121,21 @@ class Position:
     tail: str = EMPTY_FINGERPRINT
     crc: int = 0
     skipping: bool = False
+    tag: str = ""
+
+    @classmethod
+    def fresh(cls, file_id: str) -> Position:
+        """A file never read before: from its first byte, generation 0."""
+        return cls(file_id=file_id, tag=file_tag(file_id, 0))
+
+    @property
+    def prefix(self) -> str:
+        return line_prefix(self.tag, self.generation)
 
     def as_checkpoint(self) -> dict[str, Any]:
         return {
             "file": self.file_id,
+            "tag": self.tag,
             "generation": self.generation,
             "offset": self.offset,
             "head": self.head,
@@ -115,9 +144,13 @@ class Position:
             "skipping": self.skipping,
         }
 
-    def restart(self, file_id: str) -> Position:
-        """A new file at the path: read it from its first byte, as a new generation."""
-        return Position(file_id=file_id, generation=self.generation + 1)
+    def restart(self) -> Position:
+        """The same file started again (truncated, rewritten): from its first byte, as a
+        new generation with a tag of its own."""
+        generation = self.generation + 1
+        return Position(
+            file_id=self.file_id, generation=generation, tag=file_tag(self.file_id, generation)
+        )
 
 
 @dataclass(frozen=True)
@@ -135,7 +168,7 @@ class Probe:
 
 
 class Verdict(StrEnum):
-    FIRST = "first"  # nothing read from this path yet
+    FIRST = "first"  # nothing read from this file yet
     CONTINUE = "continue"  # the same file, grown or not: read on from the offset
     TRUNCATED = "truncated"  # the same file, now shorter than what was read
     REWRITTEN = "rewritten"  # the same file, but the bytes already read changed
@@ -165,33 +198,49 @@ def plan_start(
     saved: Position,
     probe: Probe,
     *,
-    drained_rotated: bool = False,
+    drained: str = "",
     prefix_crc: int | None = None,
 ) -> Plan:
-    """Where to read the file now at the path.
+    """Where to read the file ``probe`` describes, given how far ``saved`` got.
 
-    The caller has already finished the old file if it was rotated away and
-    still exists beside the path (``drained_rotated``). A file that replaced
-    the old one but starts with exactly the bytes already read (same size or
-    longer, same fingerprints, same CRC of the whole prefix — a writer that
-    rewrites the file through a temporary copy) is read on from the offset;
-    any other new or changed file is read from its start as a new generation,
-    so nothing is imported twice and nothing new is mistaken for old.
+    ``saved`` is the position in the same file (``probe`` shows it truncated,
+    rewritten, grown or as it was) or, when the path now holds another file,
+    the position in the file it held before (REPLACED).
+
+    ``drained`` names the file the caller already finished from ``saved``
+    on: the old file renamed beside the path (rotation), or a copy of it
+    (``copytruncate``), found by ``tailer.find_rotated``. Then the file at
+    the path is simply new — read from its first byte.
+
+    Otherwise a file that replaced the old one but starts with exactly the
+    bytes already read (at least as long, same fingerprints, same CRC of the
+    whole prefix) continues at the offset, under the old lines' identity: it
+    *is* the old file, moved — copied to another disk, restored from a
+    backup, rewritten through a temporary copy, or seen under a new device
+    number after a reboot — and reading it from the start would import
+    every line again. (The cost: a genuinely new file that happens to repeat
+    every byte already imported has only its additions imported; README,
+    Limits.) Anything else is new: from its first byte, under an identity of
+    its own, so nothing new is mistaken for old.
     """
     found = verdict(saved, probe)
     if found is Verdict.FIRST:
-        start = replace(saved, file_id=probe.file_id, offset=0, skipping=False)
-        return Plan(found, start)
+        if saved.file_id == probe.file_id and saved.tag:
+            return Plan(found, saved)
+        return Plan(found, Position.fresh(probe.file_id))
     if found is Verdict.CONTINUE:
         return Plan(found, saved)
-    if found is Verdict.TRUNCATED:
-        note = f"the file was truncated (now {probe.size:,} bytes, {saved.offset:,} were read)"
-        return Plan(found, saved.restart(probe.file_id), note)
-    if found is Verdict.REWRITTEN:
-        return Plan(found, saved.restart(probe.file_id), "the file was rewritten in place")
-    if drained_rotated:
-        note = "the file was rotated; the rest of the old file was read first"
-        return Plan(found, saved.restart(probe.file_id), note)
+    if found in (Verdict.TRUNCATED, Verdict.REWRITTEN):
+        if found is Verdict.TRUNCATED:
+            note = f"the file was truncated (now {probe.size:,} bytes, {saved.offset:,} were read)"
+        else:
+            note = "the file was rewritten in place"
+        if drained:
+            note += f"; the rest of its copy {drained} was read first (copytruncate)"
+        return Plan(found, saved.restart(), note)
+    if drained:
+        note = f"the file was rotated; the rest of the old file ({drained}) was read first"
+        return Plan(found, Position.fresh(probe.file_id), note)
     same_prefix = (
         probe.size >= saved.offset
         and probe.head == saved.head
@@ -201,7 +250,7 @@ def plan_start(
     if same_prefix:
         note = f"the file was replaced by one with the same first {saved.offset:,} bytes"
         return Plan(found, replace(saved, file_id=probe.file_id), note)
-    return Plan(found, saved.restart(probe.file_id), "the file was replaced by a new one")
+    return Plan(found, Position.fresh(probe.file_id), "the file was replaced by a new one")
 
 
 def signature(file_id: str, size: int, mtime_ns: int) -> str:

@@ -27,10 +27,11 @@ from durable.errors import DurableError
 from durable.jobs import enqueue
 from durable.models import Job
 
-from .models import EventType, IngestCursor
+from .models import EventType, IngestPath
 from .parsing import MAX_DETAIL_BYTES
-from .policy import events_file_path, ingest_unique_key, signature
+from .policy import events_file_path, signature
 from .records import record_event, record_security
+from .tailer import canonical
 
 log = logging.getLogger("recovery.receivers")
 
@@ -41,28 +42,36 @@ INGEST_OPERATION = "recovery.ingest"
 
 
 def configured_events_file() -> str | None:
-    """``RECOVERY_EVENTS_FILE``, else the WeKan data directory variables (see README)."""
-    return events_file_path(getattr(settings, "RECOVERY_EVENTS_FILE", ""), os.environ)
+    """``RECOVERY_EVENTS_FILE``, else the WeKan data directory variables (see README).
+
+    Relative to the project directory (``BASE_DIR``), symlinks resolved: every
+    process names the file the same way, wherever it was started.
+    """
+    path = events_file_path(
+        getattr(settings, "RECOVERY_EVENTS_FILE", ""), os.environ, base=str(settings.BASE_DIR)
+    )
+    return canonical(path) if path is not None else None
 
 
 def enqueue_ingest(path: str, *, owner: str = "worker") -> Job:
     """Ask for an ingest of ``path``; returns the unfinished one if there is one already.
 
-    The single place that enqueues it: the worker-start look and the schedule both call this.
+    The single place the site enqueues it: the worker-start look, the schedule
+    and the command all call this. (The operation's ``unique_key`` — the path
+    with its symlinks resolved — keeps it to one unfinished ingest per name.)
     """
-    return enqueue(
-        INGEST_OPERATION, {"path": path}, owner=owner, unique_key=ingest_unique_key(path)
-    )
+    return enqueue(INGEST_OPERATION, {"path": path}, owner=owner)
 
 
 def file_changed(path: str) -> bool:
     """True if ``path`` exists and differs from what the last ingest saw (a stat and a query)."""
+    path = canonical(path)
     try:
         info = os.stat(path)
     except OSError:
         return False
     now = signature(f"{info.st_dev}:{info.st_ino}", info.st_size, info.st_mtime_ns)
-    seen = IngestCursor.objects.filter(path=path).values_list("seen", flat=True).first()
+    seen = IngestPath.objects.filter(path=path).values_list("seen", flat=True).first()
     return seen != now
 
 
@@ -140,8 +149,16 @@ def on_job_needs_attention(
     checkpoint: Any = None,
     attempt: int | None = None,
     next_attempt_at: datetime | None = None,
+    next_retry_at: datetime | None = None,
     **kwargs: Any,
 ) -> None:
+    """A job that stopped for a person; when it will be retried by itself, if it will.
+
+    The engine names that moment ``next_attempt_at`` (``job_reclaimed`` too);
+    ``next_retry_at`` is accepted as well, so a sender using the column's name
+    is not silently dropped into ``**kwargs``.
+    """
+    next_attempt_at = next_attempt_at or next_retry_at
     failed = state == "failed"
     detail = (
         f"Job {job_id} ({operation}) is {state} ({cause}) after attempt {attempt}, "

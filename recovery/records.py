@@ -10,9 +10,11 @@ column arrays on PostgreSQL, on the driver's own cursor.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sqlite3
+import threading
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -23,8 +25,9 @@ from django.utils import timezone
 
 from durable.policy import MAX_ERROR_MESSAGE_BYTES, truncate_utf8
 
-from .models import IngestCursor, RecoveryEvent, SecurityEvent
+from .models import IngestCursor, IngestPath, RecoveryEvent, SecurityEvent
 from .parsing import (
+    NO_OBJECTS,
     LineEvent,
     clean_detail,
     clean_text,
@@ -32,7 +35,13 @@ from .parsing import (
     normalise_severity,
     split_addresses,
 )
-from .policy import Position, bounded_json, normalise_cwe, path_tag, tally
+from .policy import (
+    MAX_ACTOR_CHARS,
+    MAX_ACTORS,
+    Position,
+    bounded_json,
+    normalise_cwe,
+)
 
 log = logging.getLogger("recovery.records")
 
@@ -138,6 +147,12 @@ def _columns(event: LineEvent) -> dict[str, Any]:
 
 # --- Security summary rows -------------------------------------------------------------------
 
+# How long a caller inside a transaction waits for its refusal to be counted on
+# a connection of its own (PostgreSQL) before it goes on without the answer.
+SEPARATE_RECORD_TIMEOUT = 10.0
+# ...and how long that connection waits for a row lock someone else holds.
+SEPARATE_LOCK_TIMEOUT = "5s"
+
 
 def security_identity(
     *, category: str, key: str, source: str, severity: str, cwe: Any, stream: str
@@ -165,56 +180,233 @@ def record_security(
     ip: str | None = None,
     stream: str = "security",
 ) -> SecurityEvent | None:
-    """Count one more of this kind of refusal: one atomic upsert-and-increment.
+    """Count one more of this kind of refusal, in one atomic upsert. Never raises.
 
-    ``INSERT … ON CONFLICT DO NOTHING`` makes sure the row exists, then the row
-    is locked (``SELECT … FOR UPDATE`` on PostgreSQL; SQLite's ``BEGIN
-    IMMEDIATE`` already serialises writers) and updated in the same
-    transaction, so concurrent recorders never lose a count. Never raises.
+    A refusal is usually followed by the caller giving up — often by rolling
+    back. So inside the caller's transaction it is not written on the caller's
+    connection (where a rollback would undo it, and the row lock would be held
+    until the caller's transaction ends, stalling every other recorder):
+
+    - on PostgreSQL it is recorded at once on a connection of its own (a
+      short-lived thread), committed whatever the caller does next;
+    - on SQLite that second connection would wait for the caller's own write
+      lock, so it is recorded right after the caller commits
+      (``on_commit``); if the caller rolls back, it is lost (README: Limits).
+      Returns None then: the row is not written yet.
     """
     try:
-        identity = security_identity(
-            category=category, key=key, source=source, severity=severity, cwe=cwe, stream=stream
+        values = _security_values(
+            identity=security_identity(
+                category=category,
+                key=key,
+                source=source,
+                severity=severity,
+                cwe=cwe,
+                stream=stream,
+            ),
+            detail=detail,
+            user_id=user_id,
+            username=username,
+            ip=ip,
         )
-        ipv4, ipv6, _ = split_addresses(ip)
-        if isinstance(user_id, int) and not isinstance(user_id, bool):
-            user_id = str(user_id)
-        user = clean_text(username, 150) or (
-            f"#{clean_text(user_id, 64)}" if clean_text(user_id, 64) else ""
-        )
-        address = ipv4 or ipv6 or ""
-        now = timezone.now()
-        with transaction.atomic():
-            SecurityEvent.objects.bulk_create(
-                [SecurityEvent(**identity, first_seen=now, last_seen=now)], ignore_conflicts=True
-            )
-            row = SecurityEvent.objects.select_for_update().get(**identity)
-            row.users, users_over = tally(row.users, user)
-            row.addresses, addresses_over = tally(row.addresses, address)
-            row.users_overflow += users_over
-            row.addresses_overflow += addresses_over
-            row.count += 1
-            row.last_seen = max(now, row.last_seen)
-            row.detail = truncate_utf8(clean_detail(detail), MAX_SECURITY_DETAIL_BYTES)
-            row.last_ipv4 = ipv4 or row.last_ipv4
-            row.last_ipv6 = ipv6 or row.last_ipv6
-            row.save(
-                update_fields=[
-                    "users",
-                    "addresses",
-                    "users_overflow",
-                    "addresses_overflow",
-                    "count",
-                    "last_seen",
-                    "detail",
-                    "last_ipv4",
-                    "last_ipv6",
-                ]
-            )
-        return row
+        if not in_callers_transaction():
+            return _count_security(values)
+        if connection.vendor == "sqlite":
+            transaction.on_commit(lambda: _count_security_logged(values), robust=True)
+            return None
+        return _count_security_separately(values)
     except Exception:
         log.exception("could not record a security event", extra={"category": str(category)[:64]})
         return None
+
+
+def in_callers_transaction() -> bool:
+    """Inside a transaction the caller opened (the test runner's own wrapping ones aside).
+
+    The same test Django's ``atomic(durable=True)`` makes: a test case's
+    wrapping transaction stands for "no transaction" (it is rolled back only to
+    isolate tests), so tests see what production outside a transaction does.
+    """
+    blocks = connection.atomic_blocks if connection.in_atomic_block else []
+    return any(not getattr(block, "_from_testcase", False) for block in blocks)
+
+
+def _security_values(
+    *, identity: dict[str, str], detail: str, user_id: Any, username: str, ip: str | None
+) -> dict[str, Any]:
+    ipv4, ipv6, _ = split_addresses(ip)
+    if isinstance(user_id, int) and not isinstance(user_id, bool):
+        user_id = str(user_id)
+    user = clean_text(username, 150) or (
+        f"#{clean_text(user_id, 64)}" if clean_text(user_id, 64) else ""
+    )
+    return {
+        "identity": identity,
+        "detail": truncate_utf8(clean_detail(detail), MAX_SECURITY_DETAIL_BYTES),
+        "user": user[:MAX_ACTOR_CHARS],
+        "address": (ipv4 or ipv6 or "")[:MAX_ACTOR_CHARS],
+        "ipv4": ipv4,
+        "ipv6": ipv6,
+        "now": timezone.now(),
+    }
+
+
+def _count_security_logged(values: dict[str, Any]) -> SecurityEvent | None:
+    try:
+        return _count_security(values)
+    except Exception:
+        category = values["identity"]["category"]
+        log.exception("could not record a security event", extra={"category": category})
+        return None
+
+
+def _count_security_separately(values: dict[str, Any]) -> SecurityEvent | None:
+    """``_count_security`` on a connection of its own, committed on its own (PostgreSQL)."""
+    outcome: list[SecurityEvent | None] = []
+
+    def run() -> None:
+        try:
+            with connection.cursor() as cursor:  # this thread's connection, not the caller's
+                cursor.execute(f"SET lock_timeout = '{SEPARATE_LOCK_TIMEOUT}'")
+            outcome.append(_count_security_logged(values))
+        except Exception:
+            log.exception("could not record a security event on its own connection")
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run, name="record-security", daemon=True)
+    thread.start()
+    thread.join(SEPARATE_RECORD_TIMEOUT)
+    if thread.is_alive():
+        log.warning("a security event is still being recorded; not waiting for it")
+    return outcome[0] if outcome else None
+
+
+class _SecurityUpsert:
+    """The two statements of the upsert, built once per vendor.
+
+    ``UPDATE … RETURNING id`` counts on an existing row; only a kind seen for
+    the first time runs ``INSERT … ON CONFLICT DO UPDATE`` (the same SET, for
+    two first sightings at once), so a flood of one kind draws no sequence
+    value per refusal. Each is one statement: the database evaluates the SET
+    on the row as it is when the statement gets it — the latest committed
+    version, under its row lock on PostgreSQL; SQLite has one writer at a time
+    — so concurrent recorders never lose a count, with no read-modify-write.
+    The capped tallies are computed in SQL too (``policy.tally`` is the same
+    rule in Python).
+    """
+
+    _IDENTITY = ("stream", "category", "key", "source", "severity", "cwe")
+
+    def __init__(self, vendor: str) -> None:
+        quote = connection.ops.quote_name
+        table = quote(SecurityEvent._meta.db_table)
+        self.pg = vendor == "postgresql"
+
+        def col(name: str) -> str:
+            return f"{table}.{quote(name)}"
+
+        inet = "::inet" if self.pg else ""
+        assignments = [
+            f"{quote('count')} = {col('count')} + 1",
+            f"{quote('last_seen')} = CASE WHEN {col('last_seen')} > %s "
+            f"THEN {col('last_seen')} ELSE %s END",
+            f"{quote('detail')} = %s",
+            f"{quote('last_ipv4')} = COALESCE(%s{inet}, {col('last_ipv4')})",
+            f"{quote('last_ipv6')} = COALESCE(%s{inet}, {col('last_ipv6')})",
+        ]
+        for tally_column, overflow in (
+            ("users", "users_overflow"),
+            ("addresses", "addresses_overflow"),
+        ):
+            counts = col(tally_column)
+            if self.pg:
+                has = f"({counts} ? %s)"
+                size = f"(SELECT count(*) FROM jsonb_object_keys({counts}))"
+                bumped = (
+                    f"jsonb_set({counts}, ARRAY[%s]::text[], "
+                    f"to_jsonb(({counts} ->> %s)::bigint + 1))"
+                )
+                added = f"{counts} || jsonb_build_object(%s::text, 1)"
+            else:
+                has = f"EXISTS (SELECT 1 FROM json_each({counts}) AS j WHERE j.key = %s)"
+                size = f"(SELECT count(*) FROM json_each({counts}))"
+                bumped = (
+                    f"json_patch({counts}, json_object(%s, "
+                    f"(SELECT j.value FROM json_each({counts}) AS j WHERE j.key = %s) + 1))"
+                )
+                added = f"json_patch({counts}, json_object(%s, 1))"
+            assignments.append(
+                f"{quote(tally_column)} = CASE WHEN %s = '' THEN {counts} "
+                f"WHEN {has} THEN {bumped} WHEN {size} < %s THEN {added} ELSE {counts} END"
+            )
+            assignments.append(
+                f"{quote(overflow)} = {col(overflow)} + CASE WHEN %s <> '' AND NOT {has} "
+                f"AND {size} >= %s THEN 1 ELSE 0 END"
+            )
+        self.set = ", ".join(assignments)
+        identity = " AND ".join(f"{quote(name)} = %s" for name in self._IDENTITY)
+        self.update = f"UPDATE {table} SET {self.set} WHERE {identity} RETURNING {quote('id')}"
+        json = "::jsonb" if self.pg else ""
+        columns = [*self._IDENTITY, "detail", "count", "first_seen", "last_seen", "users",
+                   "users_overflow", "addresses", "addresses_overflow", "last_ipv4",
+                   "last_ipv6"]  # fmt: skip
+        cells = ["%s"] * 7 + ["1", "%s", "%s", f"%s{json}", "0", f"%s{json}", "0"]
+        cells += [f"%s{inet}", f"%s{inet}"]
+        self.insert = (
+            f"INSERT INTO {table} ({', '.join(quote(c) for c in columns)}) "
+            f"VALUES ({', '.join(cells)}) "
+            f"ON CONFLICT ({', '.join(quote(c) for c in self._IDENTITY)}) DO UPDATE SET {self.set} "
+            f"RETURNING {quote('id')}"
+        )
+
+    def set_params(self, values: dict[str, Any], now: Any) -> list[Any]:
+        params: list[Any] = [now, now, values["detail"], values["ipv4"], values["ipv6"]]
+        for actor in (values["user"], values["address"]):
+            # The tally's CASE: '' / has / bumped (2) / size / added; then the overflow's:
+            # '' / has / size.
+            params += [actor, actor, actor, actor, MAX_ACTORS, actor, actor, actor, MAX_ACTORS]
+        return params
+
+
+_security_upserts: dict[str, _SecurityUpsert] = {}
+
+
+def _count_security(values: dict[str, Any]) -> SecurityEvent:
+    vendor = connection.vendor
+    if vendor not in _security_upserts:
+        _security_upserts[vendor] = _SecurityUpsert(vendor)
+    sql = _security_upserts[vendor]
+    now = values["now"]
+    if not sql.pg:
+        now = connection.ops.adapt_datetimefield_value(now)
+    identity = [values["identity"][name] for name in sql._IDENTITY]
+    set_params = sql.set_params(values, now)
+    # In a savepoint when inside a transaction (a test's): a failed statement
+    # must not abort the surrounding one on PostgreSQL.
+    guard = transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext()
+    with guard, connection.cursor() as cursor:
+        cursor.execute(sql.update, [*set_params, *identity])
+        found = cursor.fetchone()
+        if found is None:  # the first of its kind (or two at once: ON CONFLICT counts it)
+            first = {values["user"]: 1} if values["user"] else {}
+            first_address = {values["address"]: 1} if values["address"] else {}
+            cursor.execute(
+                sql.insert,
+                [
+                    *identity,
+                    values["detail"],
+                    now,
+                    now,
+                    json.dumps(first),
+                    json.dumps(first_address),
+                    values["ipv4"],
+                    values["ipv6"],
+                    *set_params,
+                ],
+            )
+            found = cursor.fetchone()
+    return SecurityEvent.objects.get(pk=found[0])
 
 
 # --- the ingest's bulk path -------------------------------------------------------------------
@@ -391,11 +583,17 @@ def insert_lines(
             key = f"{prefix}{offset:012x}:{crc:08x}"  # policy.line_key, inlined
             ts = event[14]
             if ts is not None:
-                # Stored as Django stores it on SQLite: UTC text (parse_ts gives UTC).
+                # Stored as Django stores it on SQLite: naive UTC text (parse_ts gives
+                # UTC). str() of a UTC datetime is that text plus "+00:00"; cutting it
+                # off costs a third of datetime.replace(tzinfo=None).
                 if ts.tzinfo is not UTC:
                     ts = ts.astimezone(UTC)
-                ts = str(ts.replace(tzinfo=None))
-            plain = event[5:11] == _PLAIN_MIDDLE and not (event[11] or event[12] or event[13])
+                ts = str(ts)[:-6]
+            # The parser's short path marks a plain line by its shared empty object
+            # list; anything else is checked field by field.
+            plain = event[11] is NO_OBJECTS or (
+                event[5:11] == _PLAIN_MIDDLE and not (event[11] or event[12] or event[13])
+            )
             shape = sql.plain if plain else sql.full
             if shape is not pending_shape or pending_rows == shape.per_statement:
                 flush()
@@ -453,15 +651,34 @@ def _insert_lines_pg(
         return max(cursor.rowcount, 0)
 
 
-# --- the ingest's cursor ------------------------------------------------------------------------
+# --- the ingest's cursors -----------------------------------------------------------------------
 
 
-def cursor_for(path: str) -> IngestCursor:
+def name_for(path: str) -> IngestPath:
+    """The record of one name of the file (``path`` already canonical: ``tailer.canonical``)."""
+    name, _ = IngestPath.objects.get_or_create(path=path)
+    return name
+
+
+def cursor_of_file(file_id: str) -> IngestCursor | None:
+    """The cursor following the file with this device:inode, under whatever name."""
+    return IngestCursor.objects.filter(file_id=file_id).first() if file_id else None
+
+
+def follow(path: str, start: Position) -> IngestCursor:
+    """The cursor of ``start.file_id``, created at ``start`` if the file is new to the ingest.
+
+    Two ingests meeting a new file at once agree on one row (the unique
+    device:inode); the loser gets the winner's, position and all.
+    """
     cursor, _ = IngestCursor.objects.get_or_create(
-        path=path,
-        defaults={"tag": path_tag(path), "head": Position().head, "tail": Position().tail},
+        file_id=start.file_id, defaults={"path": path, **_position_fields(start)}
     )
     return cursor
+
+
+def is_followed(file_id: str) -> bool:
+    return IngestCursor.objects.filter(file_id=file_id).exists()
 
 
 def position_of(cursor: IngestCursor) -> Position:
@@ -473,7 +690,21 @@ def position_of(cursor: IngestCursor) -> Position:
         tail=cursor.tail,
         crc=cursor.crc,
         skipping=cursor.skipping,
+        tag=cursor.tag,
     )
+
+
+def _position_fields(position: Position) -> dict[str, Any]:
+    return {
+        "file_id": position.file_id,
+        "tag": position.tag,
+        "generation": position.generation,
+        "offset": position.offset,
+        "head": position.head,
+        "tail": position.tail,
+        "crc": position.crc,
+        "skipping": position.skipping,
+    }
 
 
 def advance_cursor(
@@ -483,30 +714,29 @@ def advance_cursor(
     *,
     imported: int = 0,
     skipped: int = 0,
-    seen: str | None = None,
+    path: str | None = None,
 ) -> bool:
     """Move the cursor from ``expected`` to ``new``; False if another ingest moved it first."""
-    fields: dict[str, Any] = {
-        "file_id": new.file_id,
-        "generation": new.generation,
-        "offset": new.offset,
-        "head": new.head,
-        "tail": new.tail,
-        "crc": new.crc,
-        "skipping": new.skipping,
-        "updated_at": timezone.now(),
-    }
+    fields: dict[str, Any] = {**_position_fields(new), "updated_at": timezone.now()}
     if imported:
         fields["lines_imported"] = F("lines_imported") + imported
     if skipped:
         fields["lines_skipped"] = F("lines_skipped") + skipped
-    if seen is not None:
-        fields["seen"] = seen
+    if path is not None:
+        fields["path"] = path
     updated = IngestCursor.objects.filter(
         pk=cursor_id,
         file_id=expected.file_id,
+        tag=expected.tag,
         generation=expected.generation,
         offset=expected.offset,
         skipping=expected.skipping,
     ).update(**fields)
     return updated == 1
+
+
+def point_name(name_id: int, cursor_id: int | None, *, seen: str) -> None:
+    """The name now holds the file ``cursor_id`` follows, looked at as ``seen``."""
+    IngestPath.objects.filter(pk=name_id).update(
+        cursor_id=cursor_id, seen=seen, updated_at=timezone.now()
+    )

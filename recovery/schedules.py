@@ -16,7 +16,6 @@ operator set it (``disable_schedule``).
 from __future__ import annotations
 
 import logging
-import os
 from datetime import timedelta
 from typing import Any
 
@@ -33,6 +32,7 @@ from durable.schedules.service import Due, ensure_schedule, register_trigger
 from durable.schedules.timing import normalise_cron
 
 from .receivers import INGEST_OPERATION, configured_events_file, enqueue_ingest, file_changed
+from .tailer import canonical
 
 log = logging.getLogger("recovery.schedules")
 
@@ -76,7 +76,7 @@ def check_ingest_input(data: dict[str, Any]) -> dict[str, Any]:
         return {}
     if not isinstance(path, str) or not path.strip() or "\x00" in path or len(path) > 1024:
         raise InputRejected("path", "a file path of at most 1024 characters, or none")
-    return {"path": os.path.abspath(os.path.expanduser(path.strip()))}
+    return {"path": canonical(path.strip())}
 
 
 # --- the standing schedules ---------------------------------------------------------------------

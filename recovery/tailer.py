@@ -12,18 +12,31 @@ from __future__ import annotations
 import os
 import stat
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Self
 
 from .parsing import Chunk, parse_chunk
 from .policy import HEAD_BYTES, TAIL_BYTES, Position, Probe, fingerprint, signature
 
-MAX_ROTATED_CANDIDATES = 200
+MAX_SIBLINGS_SCANNED = 5_000  # names beside the file looked at (a stat each) after a change
+MAX_ROTATED_CANDIDATES = 200  # the newest of them considered
+MAX_COPY_CANDIDATES = 10  # of which at most this many are read to see if they are a copy
 # A batch must hold the longest valid line (plus CR LF), or a valid line could
 # look over-long just because it straddles two reads.
 MIN_BATCH_BYTES = 16 * 1024
 _CRC_BLOCK = 1 << 20
+
+
+def canonical(path: str) -> str:
+    """The one spelling of ``path`` every ingest of it uses: absolute, symlinks resolved.
+
+    A symlinked directory (a snap's ``current`` → its revision), ``..`` and a
+    relative name all become the same path, so they share one name record
+    and one unique key. (Hard links and bind mounts have no single spelling:
+    their cursor is found by device:inode instead — see ``IngestCursor``.)
+    """
+    return os.path.realpath(os.path.expanduser(path))
 
 
 class NotAFile(Exception):
@@ -138,6 +151,7 @@ class OpenFile:
             after = Position(
                 file_id=position.file_id,
                 generation=position.generation,
+                tag=position.tag,
                 offset=chunk.end,
                 head=self.head(chunk.end) or position.head,
                 tail=self.tail(chunk.end) or position.tail,
@@ -148,30 +162,87 @@ class OpenFile:
             position = after
 
 
-def find_rotated(path: str, file_id: str) -> OpenFile | None:
-    """The old file after a rotation: a sibling named ``<name>…`` with the old device:inode.
+def siblings(path: str) -> list[tuple[str, os.stat_result]]:
+    """Regular files beside ``path`` whose names start with its name, newest first.
 
-    logrotate's default (``recovery-events.jsonl.1``), date suffixes and
-    ``mv file file.old`` all leave it beside the path; a compressed copy is
-    a new inode and is not found (its bytes were read before it was made,
-    or are lost to compression either way).
+    Ranked by modification time, not by name: with ``dateext``, or dozens of
+    ``.N.gz`` beside it, the file rotated a moment ago may sort anywhere.
+    Bounded: the first ``MAX_SIBLINGS_SCANNED`` matching names in directory
+    order are looked at (a stat each), the newest ``MAX_ROTATED_CANDIDATES`` kept.
     """
     directory, name = os.path.split(path)
+    found = []
     try:
-        entries = [entry for entry in os.listdir(directory or ".") if entry.startswith(name)]
+        with os.scandir(directory or ".") as entries:
+            for entry in entries:
+                if entry.name == name or not entry.name.startswith(name):
+                    continue
+                try:
+                    info = entry.stat()
+                except OSError:
+                    continue
+                if stat.S_ISREG(info.st_mode):
+                    found.append((entry.path, info))
+                if len(found) >= MAX_SIBLINGS_SCANNED:
+                    break
     except OSError:
+        return []
+    found.sort(key=lambda item: (item[1].st_mtime_ns, item[0]), reverse=True)
+    return found[:MAX_ROTATED_CANDIDATES]
+
+
+def find_rotated(
+    path: str, saved: Position, *, known: Callable[[str], bool] = lambda file_id: False
+) -> OpenFile | None:
+    """The rest of the file ``saved`` was reading, now beside ``path``; None if not found.
+
+    - Renamed (logrotate's default ``create``, ``dateext``, ``mv file file.old``):
+      a sibling with the saved device:inode, its bytes unchanged up to the offset.
+    - Copied (``copytruncate``: the lines written since the last look exist
+      only in the copy, a new inode): a sibling whose first ``saved.offset``
+      bytes are exactly the ones read (fingerprints, then the CRC of all of
+      them). Files ``known`` to the ingest already (it follows or finished
+      them) are not taken for a copy: an older rotation that happens to begin
+      with the same bytes was imported on its own.
+
+    A compressed copy is never found (its bytes differ): lines appended to a
+    file that was then compressed before the next look are lost (README, Limits).
+    """
+    if saved.offset == 0 and not saved.skipping:
+        return None  # nothing was read: nothing to finish
+    candidates = siblings(path)
+    for candidate, info in candidates:
+        if f"{info.st_dev}:{info.st_ino}" == saved.file_id:
+            opened = _open_if(candidate, saved, same_file=True)
+            if opened is not None:
+                return opened
+    copies = 0
+    for candidate, info in candidates:
+        file_id = f"{info.st_dev}:{info.st_ino}"
+        if file_id == saved.file_id or info.st_size < saved.offset or known(file_id):
+            continue
+        copies += 1
+        if copies > MAX_COPY_CANDIDATES:
+            break
+        opened = _open_if(candidate, saved, same_file=False)
+        if opened is not None:
+            return opened
+    return None
+
+
+def _open_if(candidate: str, saved: Position, *, same_file: bool) -> OpenFile | None:
+    """``candidate`` opened if its bytes up to ``saved.offset`` are the ones read, else None."""
+    try:
+        opened = OpenFile.open(candidate)
+    except (OSError, NotAFile):
         return None
-    for entry in sorted(entries)[:MAX_ROTATED_CANDIDATES]:
-        if entry == name:
-            continue
-        candidate = os.path.join(directory, entry)
-        try:
-            info = os.stat(candidate)
-        except OSError:
-            continue
-        if f"{info.st_dev}:{info.st_ino}" == file_id and stat.S_ISREG(info.st_mode):
-            try:
-                return OpenFile.open(candidate)
-            except (OSError, NotAFile):
-                return None
+    if opened is None:
+        return None
+    probe = opened.probe(saved)
+    matches = opened.size >= saved.offset and probe.head == saved.head and probe.tail == saved.tail
+    # The same inode with unchanged fingerprints is the file we read; a copy
+    # must also prove every byte before the offset (one sequential read).
+    if matches and (same_file or opened.crc(saved.offset) == saved.crc):
+        return opened
+    opened.close()
     return None

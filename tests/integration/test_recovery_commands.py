@@ -14,8 +14,9 @@ from django.utils import timezone
 
 from durable import jobs
 from durable.models import Job
-from recovery.models import IngestCursor, RecoveryEvent
-from recovery.records import cursor_for, record_event, record_security
+from recovery.models import IngestCursor, IngestPath, RecoveryEvent
+from recovery.policy import Position
+from recovery.records import follow, name_for, record_event, record_security
 
 pytestmark = pytest.mark.django_db
 
@@ -95,23 +96,53 @@ def test_problems__fits_an_80_column_terminal_and_shows_each_section():
     output = run("problems")
     lines = output.splitlines()
     assert max(len(line) for line in lines) <= 80
+    problems = "\n".join(section(output, "Latest recovery problems"))
     assert "Jobs in progress: 1" in output
     assert "[####------] 40%" in output
     assert "Failed: 1   Paused: 1   Queued: 0 (0 retrying)" in output
     assert "set DURABLE_CREDENTIAL_X" in output
-    assert "corruption-detected" in output
-    assert "restore-backup" in output
-    assert "integrity-ok" not in output
+    assert "corruption-detected" in problems
+    assert "restore-backup" in problems
+    assert "integrity-ok" not in problems  # not a problem
     assert "ssrf/webhook.url" in output
     assert "CWE-918" in output
     ssrf = next(line for line in lines if "ssrf/webhook.url" in line)
     assert ssrf.split()[0] == "3"  # sorted by count, the count first
 
 
+def section(output: str, title: str) -> list[str]:
+    """The lines of one section of ``problems``: from its title to the next blank line."""
+    lines = output.splitlines()
+    start = next(n for n, line in enumerate(lines) if line.startswith(title))
+    end = next((n for n in range(start, len(lines)) if not lines[n].strip()), len(lines))
+    return lines[start:end]
+
+
+def test_problems__lists_the_latest_recovery_events_of_every_kind_newest_first():
+    record_event("integrity-ok", detail="quick_check ok")
+    record_event("restore-backup", done=False, detail="restore did not finish")
+    record_event("board-permanently-deleted", severity="warning", deleted_data=True)
+    for n in range(3):
+        record_event("backup-created", detail=f"backup {n}")
+
+    latest = section(run("problems", "--limit", "4"), "Latest recovery events")
+    assert latest[0] == "Latest recovery events: 4 shown"
+    rows = latest[2:-1]  # between the header and the legend
+    assert [row.split()[2:4] for row in rows] == [
+        ["done", "info"], ["done", "info"], ["done", "info"], ["del", "warning"],
+    ]  # fmt: skip
+    assert "backup 2" in rows[0]  # newest first
+    assert "board-permanently-del…" in rows[3]  # cut to its column
+    full = section(run("problems"), "Latest recovery events")
+    assert any("FAILED" in row and "restore-backup" in row for row in full)
+    assert any("integrity-ok" in row for row in full)  # not a problem, but an event
+    assert max(len(line) for line in full) <= 80
+
+
 def test_problems__an_empty_database_says_none():
     output = run("problems", "--limit", "5")
     assert "Jobs in progress: 0" in output
-    assert output.count("  none") == 2
+    assert output.count("  none") == 3
 
 
 # --- ingest_recovery_events ----------------------------------------
@@ -192,7 +223,13 @@ def test_admin__the_detail_page_renders_a_job_event(admin_client):
 
 
 def test_ingest_cursor_admin__refuses_deletion(admin_client, tmp_path):
-    cursor = cursor_for(str(Path(tmp_path) / "f.jsonl"))
+    cursor = follow(str(Path(tmp_path) / "f.jsonl"), Position.fresh("1:2"))
+    name = name_for(str(Path(tmp_path) / "f.jsonl"))
+    assert admin_client.get(reverse("admin:recovery_ingestcursor_changelist")).status_code == 200
+    assert admin_client.get(reverse("admin:recovery_ingestpath_changelist")).status_code == 200
     url = reverse("admin:recovery_ingestcursor_delete", args=[cursor.pk])
     assert admin_client.post(url, {"post": "yes"}).status_code == 403
     assert IngestCursor.objects.filter(pk=cursor.pk).exists()
+    url = reverse("admin:recovery_ingestpath_delete", args=[name.pk])
+    assert admin_client.post(url, {"post": "yes"}).status_code == 403
+    assert IngestPath.objects.filter(pk=name.pk).exists()

@@ -8,18 +8,24 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from django.utils import timezone
 
+from durable import jobs
 from durable.models import Job, UnitResult
-from recovery.models import EventType, IngestCursor, RecoveryEvent
+from durable.operations import Access, get_operation, may_start
+from recovery.models import EventType, IngestCursor, IngestPath, RecoveryEvent
+from recovery.operations import job_summary
 from recovery.parsing import parse_line
 from recovery.policy import Position, line_key, line_prefix
 from recovery.receivers import enqueue_ingest
-from recovery.records import advance_cursor, cursor_for, insert_lines, position_of
+from recovery.records import advance_cursor, follow, insert_lines, position_of
+from recovery.tailer import canonical
 
 from .helpers import drain
 
@@ -52,7 +58,12 @@ def types(**filters: object) -> list[str]:
 
 
 def summary(job: Job) -> dict:
-    return UnitResult.objects.get(job=job, key="summary").result["summary"]
+    return job_summary(job.pk)
+
+
+def cursor_of(path: Path) -> IngestCursor:
+    """The cursor of the file the name held at the last ingest."""
+    return IngestPath.objects.get(path=canonical(str(path))).cursor
 
 
 def line_units(job: Job) -> list[dict]:
@@ -122,7 +133,7 @@ def test_ingest__imports_valid_lines_and_counts_every_other_reason(events_file):
     assert report().severity == "warning"
     assert RecoveryEvent.objects.filter(type=EventType.INGEST_REPORT).count() == 1
     assert job.events.filter(kind="ingested").exists()
-    cursor = IngestCursor.objects.get(path=str(events_file))
+    cursor = cursor_of(events_file)
     assert cursor.offset == events_file.stat().st_size
     assert (cursor.lines_imported, cursor.lines_skipped) == (5, 7)
 
@@ -217,7 +228,7 @@ def test_ingest__a_line_longer_than_a_batch_is_skipped_across_reads(events_file)
 def test_ingest__a_runaway_partial_line_is_not_reread_on_every_run(events_file):
     write(events_file, jsonl({"type": "before"}) + b'{"type": "x", "detail": "' + b"z" * 50_000)
     first = ingest(events_file, batch_bytes=16 * 1024)
-    cursor = IngestCursor.objects.get(path=str(events_file))
+    cursor = cursor_of(events_file)
     assert cursor.skipping  # known too long, consumed, waiting for its end
     assert cursor.offset == events_file.stat().st_size
     assert summary(first)["skipped"] == {}
@@ -241,7 +252,7 @@ def test_ingest__truncation_starts_again_and_keeps_identical_new_lines(events_fi
     ingest(events_file)
     assert types() == ["integrity-ok", "backup-created", "integrity-ok"]
     assert "truncated" in report().detail
-    assert IngestCursor.objects.get(path=str(events_file)).generation == 1
+    assert cursor_of(events_file).generation == 1
 
 
 def test_ingest__rewritten_in_place_with_the_same_size_is_noticed(events_file):
@@ -283,16 +294,155 @@ def test_ingest__replacement_with_an_identical_first_line_is_a_new_file(events_f
     assert "replaced by a new one" in report().detail
 
 
-def test_ingest__a_copy_with_more_lines_replacing_the_file_continues_where_it_was(events_file):
+def test_ingest__a_new_file_repeating_every_imported_byte__imports_only_its_additions(events_file):
+    """A deliberate choice (README, Limits): a file that begins with exactly the bytes
+    already imported is the old file moved — rewritten through a temporary copy,
+    restored from a backup, copied to another disk — and is continued."""
     old = jsonl({"type": "integrity-ok"}, {"type": "backup-created"})
     write(events_file, old)
     ingest(events_file)
     replacement = events_file.with_name("tmp")  # a writer that rewrites via a temporary copy
     write(replacement, old + jsonl({"type": "restore-backup"}))
     os.replace(replacement, events_file)
-    ingest(events_file)
+    job = ingest(events_file)
     assert types() == ["integrity-ok", "backup-created", "restore-backup"]
+    assert summary(job)["lines"] == 1  # only the addition was read
     assert "same first" in report().detail
+    # It goes on as one file: the next append is read, the old lines never again.
+    write(events_file, jsonl({"type": "remigrate"}))
+    ingest(events_file)
+    assert types() == ["integrity-ok", "backup-created", "restore-backup", "remigrate"]
+
+
+# --- one file under several names ----------------------------------------
+
+
+def test_ingest__through_a_symlinked_directory_is_the_same_file(tmp_path):
+    real = tmp_path / "common"
+    real.mkdir()
+    (tmp_path / "current").symlink_to(real)  # a snap's current -> its revision, say
+    direct, linked = real / "recovery-events.jsonl", tmp_path / "current" / "recovery-events.jsonl"
+    write(direct, jsonl({"type": "a"}, {"type": "b"}))
+    ingest(direct)
+    write(direct, jsonl({"type": "c"}))
+    job = ingest(linked)
+    assert job.input["path"] == str(direct)  # one spelling: the symlink resolved
+    assert types() == ["a", "b", "c"]
+    assert summary(job)["lines"] == 1
+    assert ingest(direct).input["path"] == str(direct)
+    assert len(types()) == 3
+    assert IngestPath.objects.count() == 1
+    # ...so asking under either name while one is unfinished is the same job.
+    assert enqueue_ingest(str(direct)).pk == enqueue_ingest(str(linked)).pk
+
+
+def test_ingest__a_hard_link_is_the_same_file_and_the_same_lines(tmp_path):
+    first, second = tmp_path / "a" / "recovery-events.jsonl", tmp_path / "b" / "events.jsonl"
+    first.parent.mkdir()
+    second.parent.mkdir()
+    write(first, jsonl({"type": "a"}, {"type": "b"}))
+    os.link(first, second)
+    ingest(first)
+    write(second, jsonl({"type": "c"}))
+    job = ingest(second)
+    assert types() == ["a", "b", "c"]
+    assert summary(job)["lines"] == 1  # read from where the other name got
+    ingest(first)
+    assert types() == ["a", "b", "c"]
+    (cursor,) = IngestCursor.objects.all()  # one file, one cursor...
+    assert cursor.lines_imported == 3
+    assert set(IngestPath.objects.values_list("cursor", flat=True)) == {cursor.pk}  # ...two names
+
+
+def test_ingest__a_hard_link_found_after_its_cursor_was_lost_imports_nothing_twice(tmp_path):
+    first, second = tmp_path / "recovery-events.jsonl", tmp_path / "copy-of-name.jsonl"
+    write(first, jsonl({"type": "a"}, {"type": "b"}))
+    os.link(first, second)
+    ingest(first)
+    IngestCursor.objects.all().delete()  # e.g. the database restored from an older backup
+    job = ingest(second)
+    # The identity of a line is the file's, not the name's: a replay under
+    # another name matches every line already imported.
+    assert summary(job)["duplicates"] == 2
+    assert types() == ["a", "b"]
+
+
+# --- rotations that copy ----------------------------------------
+
+
+def copytruncate(path: Path) -> Path:
+    """What logrotate's ``copytruncate`` does: copy to ``.1`` (a new inode), truncate in place."""
+    rotated = path.with_name(path.name + ".1")
+    shutil.copyfile(path, rotated)
+    with open(path, "r+b") as handle:
+        handle.truncate(0)
+    return rotated
+
+
+def test_ingest__copytruncate_finishes_the_copy_then_reads_the_truncated_file(events_file):
+    write(events_file, jsonl({"type": "old-1"}, {"type": "old-2"}))
+    ingest(events_file)
+    write(events_file, jsonl({"type": "old-3"}, {"type": "old-4"}))  # after the last look...
+    rotated = copytruncate(events_file)  # ...and before the copy: only in .1 now
+    write(events_file, jsonl({"type": "new-1"}))
+    job = ingest(events_file)
+    assert types() == ["old-1", "old-2", "old-3", "old-4", "new-1"]
+    assert any(f"copied: finishing {rotated}" in note for note in summary(job)["notes"])
+    assert "copytruncate" in report().detail
+    write(events_file, jsonl({"type": "new-2"}))
+    ingest(events_file)
+    assert types()[-2:] == ["new-1", "new-2"]
+    assert len(types()) == 6
+
+
+def test_ingest__copytruncate_then_more_than_was_read__still_finishes_the_copy(events_file):
+    write(events_file, jsonl({"type": "old-1"}))
+    ingest(events_file)
+    write(events_file, jsonl({"type": "old-2"}))
+    copytruncate(events_file)
+    # The writer filled the truncated file past the old offset before the next look:
+    # same inode, at least as long, other bytes — rewritten.
+    write(events_file, jsonl(*({"type": f"new-{n}"} for n in range(5))))
+    ingest(events_file)
+    assert types() == ["old-1", "old-2", *(f"new-{n}" for n in range(5))]
+    assert "rewritten" in report().detail
+    assert "copytruncate" in report().detail
+
+
+def test_ingest__an_older_rotation_beginning_with_the_same_bytes_is_not_taken_for_the_copy(
+    events_file,
+):
+    same_start = jsonl({"type": "integrity-ok"})  # every boot writes the same first line
+    write(events_file, same_start + jsonl({"type": "day-1"}))
+    ingest(events_file)
+    os.rename(events_file, events_file.with_name("recovery-events.jsonl.2"))
+    write(events_file, same_start)
+    ingest(events_file)  # finishes .2 (nothing left), then the new file: one line
+    with open(events_file, "r+b") as handle:
+        handle.truncate(0)  # truncated with no copy made (a compressing rotation, say)
+    write(events_file, jsonl({"type": "day-3"}))
+    ingest(events_file)
+    # .2 begins with exactly the bytes read from the truncated file, but it is a
+    # file the ingest already finished: its day-1 line is not imported again.
+    assert types() == ["integrity-ok", "day-1", "integrity-ok", "day-3"]
+
+
+def test_ingest__rotation_is_found_among_many_older_siblings_by_time_not_name(events_file):
+    """With dateext and weeks of compressed siblings, the file rotated a moment ago
+    sorts last by name; it is the newest by time."""
+    write(events_file, jsonl({"type": "old-1"}))
+    ingest(events_file)
+    write(events_file, jsonl({"type": "old-2"}))
+    long_ago = 1_700_000_000
+    for day in range(210):
+        older = events_file.with_name(f"recovery-events.jsonl-2025{day:04d}.gz")
+        older.write_bytes(b"\x1f\x8b old")
+        os.utime(older, (long_ago + day, long_ago + day))
+    events_file.rename(events_file.with_name("recovery-events.jsonl-20261201"))
+    write(events_file, jsonl({"type": "new-1"}))
+    ingest(events_file)
+    assert types() == ["old-1", "old-2", "new-1"]
+    assert "rotated" in report().detail
 
 
 def test_ingest__a_missing_file_completes_with_nothing_to_do(events_file):
@@ -349,10 +499,23 @@ def test_ingest__a_lost_cursor_replays_the_file_without_duplicates(events_file):
 
 
 def test_advance_cursor__refuses_a_position_another_ingest_moved_past(events_file):
-    cursor = cursor_for(str(events_file))
+    cursor = follow(str(events_file), Position.fresh("1:2"))
     start = position_of(cursor)
-    mine = Position(file_id="1:2", offset=100)
-    theirs = Position(file_id="1:2", offset=200)
+    mine = replace(start, offset=100)
+    theirs = replace(start, offset=200)
     assert advance_cursor(cursor.pk, start, theirs)
     assert not advance_cursor(cursor.pk, start, mine)  # stale: it expected the start
     assert position_of(IngestCursor.objects.get(pk=cursor.pk)).offset == 200
+
+
+def test_ingest__starting_it_by_hand_is_privileged_and_one_per_name(events_file):
+    operation = get_operation("recovery.ingest")
+    assert operation.access == Access.PRIVILEGED  # its input names a file on the server
+    assert not may_start(operation, privileged=False)
+    assert may_start(operation, privileged=True)
+    # Every way of enqueueing it agrees on one unfinished job per name.
+    first = jobs.enqueue("recovery.ingest", {"path": str(events_file)})
+    again = jobs.enqueue(
+        "recovery.ingest", {"path": str(events_file.parent / "." / "recovery-events.jsonl")}
+    )
+    assert (again.pk, again.created) == (first.pk, False)

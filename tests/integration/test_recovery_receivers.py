@@ -104,6 +104,51 @@ def test_paused_for_a_missing_credential__is_a_not_done_warning(
     assert "DURABLE_CREDENTIAL_NOWHERE" in event.reason
 
 
+@pytest.mark.parametrize("argument", ["next_attempt_at", "next_retry_at"])
+def test_job_needs_attention__stores_the_next_retry_the_engine_sends(argument):
+    retry_at = (timezone.now() + timedelta(minutes=7)).replace(microsecond=0)
+    signals.send_now(
+        signals.job_needs_attention,
+        job_id=5,
+        operation="webhooks.deliver",
+        state="paused",
+        cause="unavailable",
+        reason="storage 'archive' is not mounted",
+        checkpoint={"next": 3},
+        attempt=2,
+        **{argument: retry_at},
+    )
+    event = RecoveryEvent.objects.get(type=EventType.JOB_PAUSED)
+    assert event.next_retry_at == retry_at
+    assert (event.job_id, event.attempt, event.checkpoint) == (5, 2, {"next": 3})
+    assert retry_at.isoformat(timespec="seconds") in event.detail
+
+
+def test_paused_for_missing_storage__is_a_not_done_warning_with_the_fix(
+    django_capture_on_commit_callbacks, settings, tmp_path
+):
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "archive": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": str(tmp_path / "not-mounted")},  # never created
+        },
+    }
+    job = jobs.enqueue("integrity.scan", {"target": "storage", "storage": "archive"})
+    with django_capture_on_commit_callbacks(execute=True):
+        assert drain(job.pk).state == "paused"
+    event = RecoveryEvent.objects.get(type=EventType.JOB_PAUSED)
+    assert (event.done, event.severity, event.job_id, event.operation) == (
+        False,
+        "warning",
+        job.pk,
+        "integrity.scan",
+    )
+    assert "not-mounted" in event.reason
+    assert "does not exist" in event.reason
+    assert RecoveryEvent.objects.failed().get() == event
+
+
 def test_recovery_event_signal__an_operation_reports_a_backup():
     signals.send_now(
         signals.recovery_event,
@@ -266,6 +311,18 @@ def test_worker_start__finds_the_file_in_the_wekan_data_directory(
     receivers.on_worker_started(None, worker_id="w1")
     (job,) = ingest_jobs()
     assert job.input["path"] == str(tmp_path / "recovery-events.jsonl")
+
+
+def test_configured_file__a_relative_path_is_the_project_directorys_wherever_we_run(
+    settings, tmp_path, monkeypatch
+):
+    project = tmp_path / "project"
+    (project / "var").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    settings.BASE_DIR = project
+    settings.RECOVERY_EVENTS_FILE = "var/recovery-events.jsonl"
+    monkeypatch.chdir(tmp_path / "elsewhere")  # a worker started from another directory
+    assert receivers.configured_events_file() == str(project / "var" / "recovery-events.jsonl")
 
 
 def test_ingest_schedule__looks_every_interval_and_only_if_the_file_changed(settings, tmp_path):

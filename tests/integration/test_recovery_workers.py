@@ -10,9 +10,12 @@ from __future__ import annotations
 import io
 import json
 import os
+import pty
+import select
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -20,9 +23,9 @@ import pytest
 from django.core.management import call_command
 
 from durable import jobs
-from durable.models import Job
-from recovery.models import IngestCursor, RecoveryEvent, SecurityEvent
-from recovery.receivers import enqueue_ingest
+from durable.models import Job, JobEvent, UnitResult
+from recovery.models import EventType, IngestCursor, IngestPath, RecoveryEvent, SecurityEvent
+from recovery.operations import job_summary
 from tests.conftest import BASE_DIR, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -93,25 +96,73 @@ def test_worker_killed_mid_ingest__replay_never_duplicates(
     assert job.state == "completed"
     assert job.reclaims == 1
     assert_each_once(10)
-    cursor = IngestCursor.objects.get(path=str(path))
+    cursor = IngestPath.objects.get(path=str(path)).cursor
     assert (cursor.offset, cursor.lines_imported) == (path.stat().st_size, 10)
 
 
-def test_two_workers_ingesting_one_file__never_import_a_line_twice(workers, tmp_path):
+def test_worker_killed_after_the_summary__the_replay_reports_what_it_imported(workers, tmp_path):
+    path = tmp_path / "recovery-events.jsonl"
+    append(path, *numbered(0, 10))
+    job = jobs.enqueue("recovery.ingest", {"path": str(path), "batch_lines": 3})
+    # Killed once the run's summary committed, before the job completed...
+    crashed = workers.run(faults="before_complete:1")
+    assert crashed.returncode == -signal.SIGKILL, workers.log(crashed)
+    assert not RecoveryEvent.objects.filter(type=EventType.INGEST_REPORT).exists()  # clean
+    # ...and lines arrive before the replay, one of them malformed.
+    append(path, *numbered(10, 12), tail=b"not json\n")
+    assert workers.run().returncode == 0
+    job.refresh_from_db()
+    assert job.state == "completed"
+    assert_each_once(12)
+    # The replay's own summary (not skipped as "already done") reports its lines.
+    report = RecoveryEvent.objects.get(type=EventType.INGEST_REPORT)
+    assert report.detail.startswith("Imported 2 of 3 lines")
+    assert "1 malformed JSON" in report.detail
+    totals = job_summary(job.pk)
+    assert (totals["imported"], totals["lines"]) == (12, 13)
+
+
+def line_units() -> list[dict]:
+    """The committed results of every ``lines:`` unit, of every job."""
+    rows = UnitResult.objects.filter(key__startswith="lines:").order_by("id")
+    return list(rows.values_list("result", flat=True))
+
+
+def test_two_workers_ingesting_one_file_under_two_names__never_import_a_line_twice(
+    workers, tmp_path
+):
     path = tmp_path / "recovery-events.jsonl"
     append(path, *numbered(0, 600))
-    # Two ingests of the same file at once (the unique key would normally
-    # prevent that; a second spelling of the path, or an operator, might not).
-    first = enqueue_ingest(str(path))
-    second = jobs.enqueue("recovery.ingest", {"path": str(path), "batch_lines": 20})
-    Job.objects.filter(pk=first.pk).update(input={**first.input, "batch_lines": 20})
-    procs = [workers.start(burst=True, lease=2.0) for _ in range(2)]
+    link = tmp_path / "elsewhere" / "recovery-events.jsonl"
+    link.parent.mkdir()
+    os.link(path, link)  # a second name of the same file: two unique keys, two jobs
+    first = jobs.enqueue("recovery.ingest", {"path": str(path), "batch_lines": 20})
+    second = jobs.enqueue("recovery.ingest", {"path": str(link), "batch_lines": 20})
+    assert first.pk != second.pk
+    # Each worker stops (SIGSTOP) right after committing its 2nd batch. They share
+    # one cursor, and only one of them can have committed last: the other holds
+    # a position the cursor has left, so when both go on, it must lose a race.
+    procs = [workers.start("--burst", faults="after_checkpoint:2:stop", lease=30) for _ in range(2)]
+    wait_until(lambda: all(proc_state(proc.pid) == "T" for proc in procs), timeout=60)
+    for proc in procs:
+        os.kill(proc.pid, signal.SIGCONT)
     for proc in procs:
         assert proc.wait(timeout=120) == 0, workers.log(proc)
     assert set(Job.objects.values_list("state", flat=True)) == {"completed"}
-    assert {first.pk, second.pk} <= set(Job.objects.values_list("pk", flat=True))
     assert_each_once(600)
-    assert IngestCursor.objects.get(path=str(path)).lines_imported == 600
+    # The overlap happened: a batch read from a stale position was refused...
+    assert JobEvent.objects.filter(job__in=[first, second], kind="rescheduled").exists()
+    # ...before it committed: the committed batches cover each line exactly once.
+    # (A unique-constraint hit alone would show as a committed batch of duplicates.)
+    units = line_units()
+    assert sum(unit["lines"] for unit in units) == 600
+    assert [unit["duplicates"] for unit in units] == [0] * len(units)
+    (cursor,) = IngestCursor.objects.all()
+    assert cursor.lines_imported == 600
+    names = IngestPath.objects.order_by("path")
+    assert [(name.path, name.cursor_id) for name in names] == sorted(
+        [(str(path), cursor.pk), (str(link), cursor.pk)]
+    )
 
 
 def proc_state(pid: int) -> str:
@@ -122,13 +173,15 @@ def proc_state(pid: int) -> str:
 def test_two_ingests_of_one_file__the_late_one_notices_and_imports_nothing_twice(workers, tmp_path):
     path = tmp_path / "recovery-events.jsonl"
     append(path, *numbered(0, 100))
+    link = tmp_path / "recovery-events-link.jsonl"
+    os.link(path, link)
     late = jobs.enqueue("recovery.ingest", {"path": str(path), "batch_lines": 20})
     # Worker A imports the first batch, then stops (SIGSTOP) right after that commit.
     stalled = workers.start("--burst", faults="after_checkpoint:1:stop", lease=30)
     wait_until(lambda: proc_state(stalled.pid) == "T")
     assert len(imported_details()) == 20
-    # Meanwhile another ingest of the same file runs to the end on worker B.
-    other = jobs.enqueue("recovery.ingest", {"path": str(path), "batch_lines": 20})
+    # Meanwhile another ingest of the same file (under its other name) runs to the end.
+    other = jobs.enqueue("recovery.ingest", {"path": str(link), "batch_lines": 20})
     assert workers.run(lease=30).returncode == 0
     assert Job.objects.get(pk=other.pk).state == "completed"
     assert len(imported_details()) == 100
@@ -160,6 +213,9 @@ for i in range(n):
 
 
 def test_security_upsert__four_processes_at_once_lose_no_count(workers, tmp_path):
+    """Real processes hammering one row. On SQLite writers take turns anyway, so
+    this cannot catch a read-modify-write there; the deterministic proof on
+    both databases is test_recovery_security's concurrent-writer test."""
     per_process = 40
     gate = tmp_path / "go"
     env = workers.env()
@@ -195,3 +251,53 @@ def test_ingest_command__wait_runs_it_here_and_reports(tmp_path):
     assert "imported 4 of 5 new lines; skipped 1 malformed_json" in text
     assert_each_once(4)
     assert Job.objects.get(operation="recovery.ingest").state == "completed"
+
+
+def run_under_a_terminal(args: list[str], env: dict[str, str], timeout: float = 120) -> str:
+    """Run ``manage.py`` with a pseudo-terminal as its stdout; everything it wrote."""
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", *args],
+        cwd=BASE_DIR,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=terminal,
+        stderr=subprocess.STDOUT,
+    )
+    os.close(terminal)
+    output = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([controller], [], [], 0.5)
+            if not ready:
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                data = os.read(controller, 65536)
+            except OSError:  # EIO: the other end closed
+                break
+            if not data:
+                break
+            output += data
+        assert proc.wait(timeout=10) == 0, output.decode(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(controller)
+    return output.decode(errors="replace")
+
+
+def test_ingest_command__shows_a_progress_bar_on_a_terminal(workers, tmp_path):
+    path = tmp_path / "recovery-events.jsonl"
+    append(path, *numbered(0, 3000))
+    # --wait runs it in the command's own process; the bar redraws in place (\r).
+    text = run_under_a_terminal(["ingest_recovery_events", str(path), "--wait"], workers.env())
+    assert "\r[" in text
+    bars = [part for part in text.replace("\n", "\r").split("\r") if part.startswith("[")]
+    assert bars[-1].startswith("[" + "#" * 30 + "] ")
+    assert bars[-1].rstrip().endswith("completed")
+    assert "imported 3,000 of 3,000 new lines" in text
+    assert_each_once(3000)

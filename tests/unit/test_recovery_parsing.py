@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import zlib
 from datetime import UTC, datetime
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from recovery.parsing import (
     MAX_LINE_BYTES,
+    MAX_OBJECT_ID_CHARS,
     MAX_OBJECTS,
     SEVERITIES,
     UNKNOWN_TITLE,
@@ -242,6 +244,31 @@ def test_bound_objects__aligns_titles_and_keeps_the_true_count():
     assert bound_objects(None, None) == ([], [], 0)
 
 
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (7, "7"),
+        (-12, "-12"),
+        (10**99, "1" + "0" * 99),  # 100 digits: fits
+        (10**150, "1" + "0" * 98 + "…"),  # longer: cut like any text
+        (10**5000, "…"),  # more digits than Python will print
+        ("x" * 150, "x" * 99 + "…"),
+        (True, ""),  # not an id
+    ],
+    ids=["small", "negative", "100-digits", "150-digits", "5000-digits", "long-text", "bool"],
+)
+def test_bound_objects__ids_are_bounded_whatever_their_type(given, expected):
+    (object_id,), _, _ = bound_objects([given], [])
+    assert object_id == expected
+    assert len(object_id) <= MAX_OBJECT_ID_CHARS
+
+
+def test_parse_line__a_huge_numeric_object_id_is_bounded():
+    raw = b'{"type": "board-permanently-deleted", "boardIds": [' + b"9" * 500 + b"]}"
+    event = parse_line(raw)
+    assert event.object_ids == ["9" * 99 + "…"]
+
+
 # --- chunks of the file ----------------------------------------
 
 
@@ -379,3 +406,15 @@ def test_parse_chunk__accounts_for_every_line_exactly_once(pieces, max_lines, fi
         end = data.find(b"\n", offset)
         assert crc == zlib.crc32(data[offset : end if end >= 0 else len(data)])
         assert_fit_for_the_database(parsed)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_parse_chunk__leaves_the_cycle_collector_as_it_found_it(enabled):
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        chunk = parse_chunk(EXAMPLE + b"\n" + EXAMPLE + b"\n", offset=0, crc=0)
+        assert len(chunk.events) == 2
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()

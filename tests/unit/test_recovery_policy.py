@@ -15,6 +15,7 @@ from recovery.policy import (
     Verdict,
     bounded_json,
     events_file_path,
+    file_tag,
     ingest_report,
     ingest_unique_key,
     line_key,
@@ -50,10 +51,19 @@ def test_events_file_path(configured, environ, expected):
     assert events_file_path(configured, environ) == expected
 
 
-def test_events_file_path__relative_paths_become_absolute():
-    path = events_file_path("var/events.jsonl", {})
-    assert path.startswith("/")
-    assert path.endswith("/var/events.jsonl")
+@pytest.mark.parametrize(
+    ("configured", "environ", "expected"),
+    [
+        # relative to the project directory, not to the current directory
+        ("var/events.jsonl", {}, "/srv/app/var/events.jsonl"),
+        ("../shared/events.jsonl", {}, "/srv/shared/events.jsonl"),
+        ("", {"WEKAN_SQLITE_DIR": "data"}, "/srv/app/data/recovery-events.jsonl"),
+        # absolute paths are left alone (normalised)
+        ("/var/lib//wekan/./events.jsonl", {}, "/var/lib/wekan/events.jsonl"),
+    ],
+)
+def test_events_file_path__relative_to_the_project_directory(configured, environ, expected):
+    assert events_file_path(configured, environ, base="/srv/app") == expected
 
 
 def test_ingest_unique_key__bounded_for_long_paths():
@@ -80,7 +90,7 @@ def test_line_key__sorts_in_file_order():
 
 # --- where to resume ----------------------------------------
 
-SAVED = Position(file_id="1:10", generation=3, offset=500, head="H", tail="T", crc=77)
+SAVED = Position(file_id="1:10", generation=3, offset=500, head="H", tail="T", crc=77, tag="t")
 
 
 def probe(file_id="1:10", size=800, head="H", tail="T") -> Probe:
@@ -116,11 +126,32 @@ def test_verdict(saved, seen, expected):
     assert verdict(saved, seen) is expected
 
 
-def test_plan_start__first_read_adopts_the_file_in_the_same_generation():
-    plan = plan_start(Position(generation=2), probe(file_id="5:5"))
+def test_file_tag__names_the_file_and_generation_never_the_path():
+    tag = file_tag("2049:1234", 0)
+    assert len(tag) == 10
+    assert tag == file_tag("2049:1234", 0)  # stable: a lost cursor replays into the same keys
+    assert tag != file_tag("2049:1234", 1)  # a file started again is new
+    assert tag != file_tag("2049:1235", 0)  # another file is another file
+    assert Position.fresh("2049:1234") == Position(file_id="2049:1234", tag=tag)
+    assert Position.fresh("2049:1234").prefix == f"{tag}:0:"
+
+
+def test_restart__a_new_generation_with_a_tag_of_its_own():
+    again = SAVED.restart()
+    assert again == Position(file_id="1:10", generation=4, tag=file_tag("1:10", 4))
+    assert again.prefix != SAVED.prefix
+
+
+def test_plan_start__first_read_of_a_new_file_starts_fresh():
+    plan = plan_start(Position(), probe(file_id="5:5"))
     assert plan.verdict is Verdict.FIRST
-    assert (plan.start.file_id, plan.start.generation, plan.start.offset) == ("5:5", 2, 0)
+    assert plan.start == Position.fresh("5:5")
     assert plan.note == ""
+
+
+def test_plan_start__first_read_of_a_file_just_followed_keeps_its_identity():
+    followed = Position(file_id="5:5", generation=2, tag="kept")
+    assert plan_start(followed, probe(file_id="5:5")).start == followed
 
 
 def test_plan_start__continue_keeps_the_position():
@@ -132,28 +163,43 @@ def test_plan_start__continue_keeps_the_position():
     [
         (probe(size=10, head=None, tail=None), "truncated"),
         (probe(head="other"), "rewritten"),
-        (probe(file_id="2:20"), "replaced by a new one"),
     ],
 )
-def test_plan_start__a_changed_file_is_read_from_its_start_as_a_new_generation(seen, note):
+def test_plan_start__the_same_file_changed_is_read_from_its_start_as_a_new_generation(seen, note):
     plan = plan_start(SAVED, seen)
-    assert plan.start == Position(file_id=seen.file_id, generation=4)
+    assert plan.start == SAVED.restart()
     assert plan.start.offset == 0
     assert plan.start.head == EMPTY_FINGERPRINT
     assert note in plan.note
+    assert "copytruncate" not in plan.note
+
+
+@pytest.mark.parametrize("seen", [probe(size=10, head=None, tail=None), probe(head="other")])
+def test_plan_start__after_finishing_its_copy_a_truncated_file_starts_again(seen):
+    plan = plan_start(SAVED, seen, drained="/var/log/recovery-events.jsonl.1")
+    assert plan.start == SAVED.restart()
+    assert "the rest of its copy /var/log/recovery-events.jsonl.1 was read first" in plan.note
+    assert "copytruncate" in plan.note
+
+
+def test_plan_start__a_new_file_at_the_path_is_fresh():
+    plan = plan_start(SAVED, probe(file_id="2:20"))
+    assert plan.verdict is Verdict.REPLACED
+    assert plan.start == Position.fresh("2:20")
+    assert "replaced by a new one" in plan.note
 
 
 def test_plan_start__after_draining_the_rotated_file_the_new_one_starts_fresh():
     drained = Position(file_id="1:10", generation=3, offset=900, head="H", tail="T2", crc=5)
-    plan = plan_start(drained, probe(file_id="2:20", size=50), drained_rotated=True)
-    assert plan.start == Position(file_id="2:20", generation=4)
+    plan = plan_start(drained, probe(file_id="2:20", size=50), drained="x.1")
+    assert plan.start == Position.fresh("2:20")
     assert "rotated" in plan.note
 
 
 @pytest.mark.parametrize(
     ("seen", "prefix_crc", "continues"),
     [
-        # a copy of the old bytes plus more: read on from the offset, new identity
+        # a copy of the old bytes plus more: read on from the offset, as the old lines
         (probe(file_id="2:20", size=600), 77, True),
         (probe(file_id="2:20", size=500), 77, True),
         # identical first bytes but something before the offset differs
@@ -171,11 +217,14 @@ def test_plan_start__a_replacement_is_continued_only_with_the_same_prefix(
     plan = plan_start(SAVED, seen, prefix_crc=prefix_crc)
     assert plan.verdict is Verdict.REPLACED
     if continues:
+        # The same line identity (tag, generation) as the old file: a line it
+        # repeats is the line already imported, whichever file it was read from.
         assert plan.start == Position(
-            file_id="2:20", generation=3, offset=500, head="H", tail="T", crc=77
+            file_id="2:20", generation=3, offset=500, head="H", tail="T", crc=77, tag="t"
         )
+        assert "same first 500 bytes" in plan.note
     else:
-        assert plan.start == Position(file_id="2:20", generation=4)
+        assert plan.start == Position.fresh("2:20")
 
 
 # --- Security rows ----------------------------------------

@@ -11,10 +11,12 @@ from django.db import connection
 
 from durable.errors import InputRejected
 from durable.management.commands.enqueue_job import wait_for
-from durable.models import Job, UnitResult
+from durable.models import Job
 from durable.worker import Worker
+from recovery.operations import job_summary
 from recovery.policy import WEKAN_DIR_VARIABLES
 from recovery.receivers import configured_events_file, enqueue_ingest
+from recovery.tailer import canonical
 
 NOT_CONFIGURED = (
     "No recovery-events file to import: pass its PATH, or set RECOVERY_EVENTS_FILE "
@@ -40,7 +42,7 @@ class Command(BaseCommand):
         path = options["path"] or configured_events_file()
         if not path:
             raise CommandError(NOT_CONFIGURED)
-        path = os.path.abspath(os.path.expanduser(str(path)))
+        path = canonical(str(path))  # as the job and the schedule spell it
         if not os.path.exists(path):
             raise CommandError(f"{path} does not exist: there is nothing to import yet.")
         if not os.path.isfile(path):
@@ -82,12 +84,7 @@ class Command(BaseCommand):
 
 
 def summary_line(job: Job) -> str:
-    result = (
-        UnitResult.objects.filter(job_id=job.pk, key="summary")
-        .values_list("result", flat=True)
-        .first()
-    )
-    summary = (result or {}).get("summary") or {}
+    summary = job_summary(job.pk)
     skipped = summary.get("skipped") or {}
     line = f"imported {summary.get('imported', 0):,} of {summary.get('lines', 0):,} new lines"
     if skipped:

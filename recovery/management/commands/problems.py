@@ -52,10 +52,18 @@ def bar(job: Job, width: int = 10) -> str:
     return f"[{'#' * filled}{'-' * (width - filled)}] {share:.0%}"
 
 
+def done_mark(event: RecoveryEvent) -> str:
+    """The Recovery report's Done column in words: done, FAILED, or del (done, deleted data)."""
+    if not event.is_done:
+        return "FAILED"
+    return "del" if event.deleted_data else "done"
+
+
 class Command(BaseCommand):
     help = (
         "Print a summary of what needs attention: jobs in progress with their progress, "
-        "failed and paused jobs, the latest recovery problems and the top security rows."
+        "failed and paused jobs, the latest recovery problems, the latest recovery events "
+        "(all of them, newest first) and the top security rows."
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -66,6 +74,7 @@ class Command(BaseCommand):
         lines = [f"Problems — {when(timezone.now())} {timezone.get_current_timezone_name()}", ""]
         lines += self.jobs(limit)
         lines += ["", *self.recovery(limit)]
+        lines += ["", *self.latest(limit)]
         lines += ["", *self.security(limit)]
         for line in lines:
             self.stdout.write(line[:WIDTH].rstrip())
@@ -127,6 +136,28 @@ class Command(BaseCommand):
                 )
             )
         lines.append("  ! = not done")
+        return lines
+
+    def latest(self, limit: int) -> list[str]:
+        """Every kind of event, newest first: what the Recovery report's first page shows."""
+        events = list(RecoveryEvent.objects.newest_first()[:limit])
+        lines = [f"Latest recovery events: {len(events)} shown"]
+        if not events:
+            return [*lines, "  none"]
+        lines.append(
+            row(("recorded", 16), ("done", 6), ("severity", 8), ("type", 22), ("detail", 22))
+        )
+        for event in events:
+            lines.append(
+                row(
+                    (when(event.recorded_at), 16),
+                    (done_mark(event), 6),
+                    (event.severity, 8),
+                    (event.type, 22),
+                    (event.detail or event.reason or "—", 22),
+                )
+            )
+        lines.append("  del = done, and it deleted data")
         return lines
 
     def security(self, limit: int) -> list[str]:
