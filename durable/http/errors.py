@@ -43,6 +43,12 @@ class TransportFailed(HttpError):
     kind = "transport failure"
 
 
+class UndecodableBody(HttpError):
+    """A gzip/deflate body that is corrupt or ends before its stream does."""
+
+    kind = "undecodable response body"
+
+
 class SsrfRefused(HttpError):
     """The destination resolves to an address outbound requests may not reach (CWE-918)."""
 
