@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import httpx
+from django.db import connections
 from django.utils import timezone
 
 from .. import signals
@@ -38,6 +39,7 @@ from .errors import (
     RedirectNotFollowed,
     ResponseTooLarge,
     SsrfRefused,
+    TransactionOpen,
     TransportFailed,
     UndecodableBody,
 )
@@ -78,6 +80,23 @@ def excerpt(
 ) -> str:
     """A short, single-line, secret-free view of a body (``policy.body_excerpt``)."""
     return body_excerpt(body, secrets, limit, complete=complete)
+
+
+def open_transaction() -> str | None:
+    """The alias of a database connection inside a transaction its caller opened, or None.
+
+    A request made there would hold the provider gate's row lock (PostgreSQL) or
+    SQLite's write lock for the whole exchange, keep its in-flight slot invisible
+    to other workers, and lose the SSRF refusal it records when the transaction
+    rolls back. The atomic blocks a Django ``TestCase`` wraps around each test
+    are marked ``_from_testcase`` and are not the caller's.
+    """
+    for conn in connections.all(initialized_only=True):
+        if conn.in_atomic_block and any(
+            not getattr(block, "_from_testcase", False) for block in conn.atomic_blocks
+        ):
+            return conn.alias
+    return None
 
 
 def _flag_bad_location(response: httpx.Response) -> None:
@@ -211,6 +230,14 @@ class HttpClient:
         redacted from every excerpt and message.
         """
         config = self.config
+        alias = open_transaction()
+        if alias is not None:
+            raise TransactionOpen(
+                f"{config.name}: refusing to send {method.upper()} inside an open transaction "
+                f"on database {alias!r} (transaction.atomic(), or an operation with "
+                "atomic_units = True): the provider gate and the SSRF report would be held or "
+                "rolled back with it; make the request outside the transaction"
+            )
         try:
             request = self._client.build_request(
                 method, url, headers=headers, content=content, json=json, params=params
@@ -486,7 +513,7 @@ class HttpClient:
                 "form": exc.form,
             },
         )
-        # Sent now, not on commit: an atomic unit's transaction is about to roll back.
+        # Sent now: there is no transaction to wait for (requests refuse to run inside one).
         signals.send_now(
             signals.security_refusal,
             category="ssrf",

@@ -49,6 +49,12 @@ class UndecodableBody(HttpError):
     kind = "undecodable response body"
 
 
+class TransactionOpen(HttpError):
+    """A programming error: ``durable.http`` was called inside an open database transaction."""
+
+    kind = "request inside a database transaction"
+
+
 class SsrfRefused(HttpError):
     """The destination resolves to an address outbound requests may not reach (CWE-918)."""
 
