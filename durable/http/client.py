@@ -51,6 +51,7 @@ from .policy import (
     classify_status,
     cross_origin_drops,
     display_target,
+    may_have_reached_server,
     redact_headers,
     retry_plan,
 )
@@ -350,12 +351,14 @@ class HttpClient:
             else (self.config.max_body_bytes)
         )
         status = raw.status_code
+        reached = 200 <= status < 300  # the server took the request; only its answer failed
         declared = raw.headers.get("content-length", "").strip()
         if not partial and declared.isdigit() and int(declared) > limit:
             raise ResponseTooLarge(
                 f"{name}: response too large ({target} declared {declared} bytes; "
                 f"the limit is {limit})",
                 status=status,
+                possibly_sent=reached,
             )
         encoding = raw.headers.get("content-encoding", "").strip().lower()
         if encoding in ("", "identity"):
@@ -368,6 +371,7 @@ class HttpClient:
             raise TransportFailed(
                 f"{name}: unsupported Content-Encoding {encoding[:40]!r} from {target}",
                 status=status,
+                possibly_sent=reached,
             )
         body = bytearray()
         try:
@@ -381,6 +385,7 @@ class HttpClient:
                         f"{name}: response too large ({target} sent more than "
                         f"{limit} bytes; reading stopped there)",
                         status=status,
+                        possibly_sent=reached,
                     )
                 body += data
                 left = network.remaining()
@@ -393,6 +398,7 @@ class HttpClient:
             raise UndecodableBody(
                 f"{name}: undecodable response body from {target} ({encoding}: {exc})",
                 status=status,
+                possibly_sent=reached,
             ) from None
         return bytes(body), True
 
@@ -434,9 +440,12 @@ class HttpClient:
                 f"{self.config.name}: {reason} ({target}); retry at {plan.at.isoformat()}",
                 at=plan.at,
                 source=plan.source,
+                possibly_sent=may_have_reached_server(exc),
             )
         log.warning("http request failed", extra=facts)
-        return TransportFailed(f"{self.config.name}: {reason} ({target})")
+        return TransportFailed(
+            f"{self.config.name}: {reason} ({target})", possibly_sent=may_have_reached_server(exc)
+        )
 
     def _status_verdict(
         self,

@@ -161,6 +161,35 @@ def classify_exception(exc: BaseException) -> Classification:
     return Classification(Verdict.FAIL, f"unexpected {type(exc).__name__}")
 
 
+def may_have_reached_server(exc: BaseException) -> bool:
+    """Could the request have reached the server and been acted on, although it failed?
+
+    No when it failed before a connection carried it: DNS, connect, pool wait,
+    TLS verification, an SSRF refusal, a request httpx or h11 refused to write.
+    Otherwise (a reset, a timeout or a closed connection after writing started)
+    nobody can tell, so yes.
+    """
+    import httpx
+
+    from .errors import DnsLookupFailed, HttpError
+
+    if isinstance(exc, HttpError):
+        return exc.possibly_sent
+    chain = cause_chain(exc)
+    if any(isinstance(item, ssl.SSLCertVerificationError) for item in chain):
+        return False
+    before_sending = (
+        httpx.ConnectError,
+        httpx.ConnectTimeout,
+        httpx.PoolTimeout,
+        httpx.UnsupportedProtocol,
+        httpx.InvalidURL,
+        httpx.LocalProtocolError,
+        DnsLookupFailed,
+    )
+    return not isinstance(exc, before_sending)
+
+
 # --- retry timing --------------------------------------------------------------------
 
 _DELTA = re.compile(r"^\s*(\d{1,12})(\.\d{1,6})?\s*$")

@@ -21,6 +21,7 @@ from durable.http.policy import (
     display_target,
     full_jitter,
     limit_spent,
+    may_have_reached_server,
     parse_reset,
     parse_retry_after,
     redact_headers,
@@ -141,6 +142,33 @@ def test_classify_exception__table(exc, verdict, reason):
     result = classify_exception(exc)
     assert result.verdict is verdict
     assert reason in result.reason
+
+
+@pytest.mark.parametrize(
+    ("exc", "reached"),
+    [
+        (httpx.ConnectError("refused"), False),  # nothing left this machine
+        (httpx.ConnectTimeout("t"), False),
+        (httpx.PoolTimeout("t"), False),  # waited for a connection, never had one
+        (chained(httpx.ConnectError("x"), DnsLookupFailed("nx")), False),
+        (
+            chained(httpx.ConnectError("x"), ssl.SSLCertVerificationError("bad")),
+            False,
+        ),
+        (httpx.LocalProtocolError("Illegal header value"), False),  # refused before writing
+        (httpx.InvalidURL("bad"), False),
+        (SsrfRefused("no", host="h", address_class="loopback"), False),
+        (httpx.ReadTimeout("t"), True),  # the request was written; the answer never came
+        (httpx.ReadError("reset"), True),
+        (httpx.WriteError("broken pipe"), True),  # part of it went out
+        (httpx.WriteTimeout("t"), True),
+        (httpx.RemoteProtocolError("disconnected"), True),
+        (ResponseTooLarge("big", status=200, possibly_sent=True), True),  # a 2xx came back
+        (ResponseTooLarge("big", status=404), False),
+    ],
+)
+def test_may_have_reached_server__table(exc, reached):
+    assert may_have_reached_server(exc) is reached
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from durable.mail.policy import (
     FOOTER,
     MAX_SUBJECT_CHARS,
     MailVerdict,
+    NothingSent,
     classify_smtp_error,
     compose,
     message_id,
@@ -119,6 +120,7 @@ def refused(code: int) -> smtplib.SMTPRecipientsRefused:
         (TimeoutError("timed out"), MailVerdict.RETRY, False),
         (ConnectionResetError(104, "reset"), MailVerdict.RETRY, False),
         (RuntimeError("surprise"), MailVerdict.RETRY, False),
+        (NothingSent(0), MailVerdict.RETRY, True),  # the backend said it sent nothing
     ],
 )
 def test_classify_smtp_error__table(exc, verdict, definite):
