@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from .. import faults, notify
 from ..errors import InputRejected, NonRetryable, Unavailable
-from ..operations import JobContext, Operation, Unit, register
+from ..operations import Access, JobContext, Operation, Unit, register
 from ..states import JobState
 from .models import MailDelivery, MailState
 from .policy import MailVerdict, NothingSent, classify_smtp_error, compose
@@ -59,6 +59,7 @@ class SendMail(Operation):
     backoff_max = 1800.0
     on_exhausted = JobState.FAILED
     unit_timeout = 600.0
+    access = Access.SYSTEM  # ``publish`` and ``resend_mail`` enqueue it; nobody starts it by hand
 
     def clean_input(self, data: dict[str, Any]) -> dict[str, Any]:
         delivery_id = data.get("delivery_id")

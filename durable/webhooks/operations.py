@@ -26,7 +26,7 @@ from django.utils import timezone
 from .. import faults, http, notify
 from ..errors import InputRejected, NonRetryable, RetryLater
 from ..http.errors import HttpError, HttpRetryLater
-from ..operations import JobContext, Operation, Unit, register
+from ..operations import Access, JobContext, Operation, Unit, register
 from ..states import JobState
 from . import policy
 from .models import Delivery, DeliveryState
@@ -49,6 +49,7 @@ class DeliverWebhook(Operation):
     max_attempts = 10
     on_exhausted = JobState.FAILED
     unit_timeout = 600.0
+    access = Access.SYSTEM  # ``publish`` and ``redeliver`` enqueue it; nobody starts it by hand
 
     def clean_input(self, data: dict[str, Any]) -> dict[str, Any]:
         delivery_id = data.get("delivery_id")

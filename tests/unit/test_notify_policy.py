@@ -16,6 +16,7 @@ from durable.mail.policy import (
     compose,
     message_id,
 )
+from durable.operations import get_operation, may_start
 from durable.webhooks.policy import body, content_id, idempotency_key, matches, signature, verify
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -159,3 +160,11 @@ def test_published_checkpoint__is_bounded():
     assert _bounded_json({"next": 5}) == {"next": 5}
     huge = _bounded_json({"ids": list(range(100_000))})
     assert len(huge["truncated"]) == MAX_CHECKPOINT_CHARS
+
+
+@pytest.mark.parametrize("operation", ["durable.webhook", "durable.mail"])
+def test_delivery_operations__are_enqueued_by_the_site_never_by_hand(operation):
+    # publish / redeliver / resend_mail enqueue them; may_start says no to everyone else.
+    op = get_operation(operation)
+    assert op.access == "system"
+    assert may_start(op, privileged=True) is False
