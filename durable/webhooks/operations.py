@@ -9,10 +9,10 @@ receiver deduplicates on.
 
 Before the first POST the record is marked ``possibly_sent`` in its own
 commit; an answer from the receiver, or a failure that certainly sent
-nothing (gate closed, connect error, SSRF refusal), puts back what it was.
-So a worker killed after the POST, or a timeout after the body went out,
-leaves the doubt on the record — and cancelling or exhausting the job later
-does not erase it.
+nothing (gate closed, connect error, SSRF refusal, a missing credential),
+puts back what it was. So a worker killed after the POST, or a timeout after
+the body went out, leaves the doubt on the record — and cancelling or
+exhausting the job later does not erase it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 from django.utils import timezone
 
 from .. import faults, http, notify
-from ..errors import InputRejected, NonRetryable, RetryLater
+from ..errors import InputRejected, NonRetryable
 from ..http.errors import HttpError, HttpRetryLater
 from ..operations import Access, JobContext, Operation, Unit, register
 from ..states import JobState
@@ -121,7 +121,9 @@ class DeliverWebhook(Operation):
                 possibly_sent=doubt or exc.possibly_sent,
             )
             raise
-        except RetryLater:  # a closed gate: nothing was sent, no attempt was spent
+        except Exception:
+            # Raised before anything was sent: a closed gate (RetryLater, no attempt
+            # spent), the provider's auth credential missing (Unavailable), its settings.
             if not doubt:
                 notify.fenced_update(ctx, records, possibly_sent=False)
             raise

@@ -272,6 +272,18 @@ def test_webhook__an_answer_or_a_refused_connection_leaves_no_doubt(hooks, http_
     assert (delivered.state, delivered.possibly_sent) == ("delivered", False)
 
 
+def test_webhook__a_pause_before_sending_leaves_no_doubt(hooks, http_server, provider):
+    hooks()
+    provider("webhooks", auth_credential="partner-token")  # nobody configured it
+    publish()
+    job = drain(only_delivery().job_id)
+    assert job.state == "paused"
+    assert "partner-token" in job.reason
+    assert http_server.requests() == []
+    delivery = only_delivery()
+    assert (delivery.state, delivery.possibly_sent) == ("pending", False)
+
+
 def test_webhook__cancel_keeps_the_doubt_of_a_post_never_recorded(
     hooks, http_server, django_capture_on_commit_callbacks
 ):
