@@ -115,9 +115,9 @@ class SendAgainMixin:
 
 @admin.register(Delivery)
 class DeliveryAdmin(SendAgainMixin, ReadOnlyAdmin):
-    list_display = ["id", "event", "endpoint", "state", "status_code", "attempts",
-                    "delivered_at", "job_id", "idempotency_key"]  # fmt: skip
-    list_filter = ["state", "endpoint"]
+    list_display = ["id", "event", "endpoint", "state", "possibly_sent", "status_code",
+                    "attempts", "delivered_at", "job_id", "idempotency_key"]  # fmt: skip
+    list_filter = ["state", "possibly_sent", "endpoint"]
     search_fields = ["=idempotency_key", "=job_id"]
     ordering = ["-id"]
     show_full_result_count = False
@@ -132,9 +132,9 @@ class DeliveryAdmin(SendAgainMixin, ReadOnlyAdmin):
 
 @admin.register(MailDelivery)
 class MailDeliveryAdmin(SendAgainMixin, ReadOnlyAdmin):
-    list_display = ["id", "event", "address", "state", "possibly_duplicate", "guarantee",
-                    "send_attempts", "sent_at", "job_id"]  # fmt: skip
-    list_filter = ["state", "possibly_duplicate"]
+    list_display = ["id", "event", "address", "state", "possibly_sent", "possibly_duplicate",
+                    "guarantee", "send_attempts", "sent_at", "job_id"]  # fmt: skip
+    list_filter = ["state", "possibly_sent", "possibly_duplicate"]
     search_fields = ["address", "=job_id"]
     ordering = ["-id"]
     show_full_result_count = False

@@ -18,10 +18,8 @@ from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
 
+from .credentials import MIN_SECRET_LENGTH, secret_problem
 from .errors import Unavailable
-
-MIN_SECRET_LENGTH = 4  # shorter values cannot be redacted from messages (see policy.redact)
-MAX_SECRET_BYTES = 16 * 1024
 
 
 class Credential(models.Model):
@@ -65,12 +63,14 @@ def decrypt(token: str, keys: Sequence[str] | None = None) -> str:
 
 
 def validate_secret(value: str) -> str:
+    """What ``store`` accepts: what ``credentials.resolve`` would use unchanged."""
     if len(value) < MIN_SECRET_LENGTH:
         raise ValueError(f"a secret must be at least {MIN_SECRET_LENGTH} characters")
-    if len(value.encode("utf-8")) > MAX_SECRET_BYTES:
-        raise ValueError(f"a secret must be at most {MAX_SECRET_BYTES} bytes")
-    if value != value.strip() or "\n" in value or "\r" in value:
-        raise ValueError("a secret must not start or end with whitespace or contain line breaks")
+    if value != value.strip():
+        raise ValueError("a secret must not start or end with whitespace")
+    problem = secret_problem(value)
+    if problem is not None:
+        raise ValueError(f"a secret cannot be used: {problem}")
     return value
 
 

@@ -8,12 +8,20 @@ then the encrypted credential table (``durable.credential_store``, managed with
 ``python manage.py credential``).
 A name no resolver knows raises ``Unavailable``: the job pauses with a reason
 that tells the operator what to set, instead of failing.
+
+Every value is checked wherever it came from, the same way the encrypted
+table checks what it stores: surrounding whitespace (the newline of
+``$(cat token-file)``) is stripped, and a value that is too short to redact,
+too long, or holds a control character is refused — a secret shorter than 4
+characters is never redacted from messages, and one with a control character
+makes the HTTP library fail with an error that quotes the header verbatim.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import unicodedata
 from collections.abc import Callable
 
 from django.conf import settings
@@ -46,16 +54,56 @@ def from_database(name: str) -> str | None:
     return lookup(name)
 
 
+MIN_SECRET_LENGTH = 4  # shorter values cannot be redacted (durable.policy.redact)
+MAX_SECRET_BYTES = 16 * 1024
+
+
+def secret_problem(value: str) -> str | None:
+    """Pure: why ``value`` (already stripped) cannot be used as a secret, or None.
+
+    The reason never quotes the value.
+    """
+    if len(value) < MIN_SECRET_LENGTH:
+        return f"it is shorter than {MIN_SECRET_LENGTH} characters (too short to redact)"
+    if len(value.encode("utf-8", errors="replace")) > MAX_SECRET_BYTES:
+        return f"it is longer than {MAX_SECRET_BYTES} bytes"
+    for char in value:
+        if unicodedata.category(char) in ("Cc", "Zl", "Zp"):
+            return "it contains a control character or a line break"
+    return None
+
+
 def _resolvers() -> list[Callable[[str], str | None]]:
     paths = getattr(settings, "DURABLE_CREDENTIAL_RESOLVERS", DEFAULT_RESOLVERS)
     return [import_string(path) for path in paths]
 
 
+def _source(resolver: Callable[[str], str | None], name: str) -> str:
+    if resolver is from_settings:
+        return f"DURABLE_CREDENTIALS[{name!r}]"
+    if resolver is from_environment:
+        return f"the environment variable {env_name(name)}"
+    if resolver is from_database:
+        return "the encrypted credential table"
+    return f"the resolver {getattr(resolver, '__qualname__', resolver)!s}"
+
+
 def resolve(name: str) -> str:
+    """The secret ``name`` refers to, stripped and checked; ``Unavailable`` if none is usable."""
     for resolver in _resolvers():
-        value = resolver(name)
-        if value:
-            return value
+        raw = resolver(name)
+        if not raw:
+            continue
+        if not isinstance(raw, str):
+            raise Unavailable(f"credential {name!r} from {_source(resolver, name)} is not text")
+        value = raw.strip()
+        problem = secret_problem(value)
+        if problem is not None:
+            raise Unavailable(
+                f"credential {name!r} from {_source(resolver, name)} cannot be used: {problem}; "
+                "set it again, then resume the job"
+            )
+        return value
     raise Unavailable(
         f"credential {name!r} is not configured: set the environment variable "
         f"{env_name(name)} (or DURABLE_CREDENTIALS[{name!r}]) on the workers, or store it with "

@@ -238,15 +238,25 @@ def _delivery_model(operation: str) -> type[Model] | None:
 
 
 def _settle_delivery(job_id: int, operation: str, state: str, reason: str) -> None:
-    """A delivery job ended outside its unit (exhausted by worker crashes, cancelled)."""
+    """A delivery job ended outside its unit (exhausted by worker crashes, cancelled).
+
+    The new state replaces ``sending`` (mail) too, but not the doubt it stood for:
+    such a record keeps ``possibly_sent``, and a webhook record keeps the
+    ``possibly_sent`` its unit set before posting.
+    """
     model = _delivery_model(operation)
     job_input = Job.objects.filter(pk=job_id).values_list("input", flat=True).first() or {}
     if model is None or "delivery_id" not in job_input:
         return
     done = ("delivered", "sent")
-    model.objects.filter(pk=job_input["delivery_id"], job_id=job_id).exclude(state__in=done).update(
-        state=state, last_error=last_error(reason), updated_at=timezone.now()
-    )
+    rows = model.objects.filter(pk=job_input["delivery_id"], job_id=job_id).exclude(state__in=done)
+    now = timezone.now()
+    with transaction.atomic():
+        rows.filter(state="sending").update(possibly_sent=True)
+        doubt = rows.filter(possibly_sent=True).exists()
+        if doubt:
+            reason = f"{reason} (it may have been sent: an attempt never recorded its outcome)"
+        rows.update(state=state, last_error=last_error(reason), updated_at=now)
 
 
 MAX_CHECKPOINT_CHARS = 8 * 1024

@@ -6,6 +6,8 @@ DNS answer that changes between check and use (DNS rebinding) changes
 nothing. Embedded IPv4 forms (IPv4-mapped ``::ffff:a.b.c.d``, NAT64
 ``64:ff9b::/96``, 6to4, IPv4-compatible ``::a.b.c.d``) are judged by the IPv4
 address they carry, so ``[::ffff:127.0.0.1]`` is loopback, not "some IPv6".
+The IPv4-translated form ``::ffff:0:a.b.c.d`` (SIIT) is never routed on the
+internet: refused whatever it carries.
 
 The checks are explicit rather than ``not ip.is_global``: Python's flags
 differ between versions and get some ranges wrong for this purpose
@@ -32,6 +34,13 @@ RESERVED = "reserved"
 KINDS = (UNSPECIFIED, LOOPBACK, LINK_LOCAL, PRIVATE, UNIQUE_LOCAL, MULTICAST, RESERVED)
 
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_IPV4_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")  # RFC 2765 (SIIT)
+# Python 3.11's tables predate these (is_global says True for both).
+_V6_RESERVED = (
+    ipaddress.ip_network("3fff::/20"),  # documentation (RFC 9637)
+    ipaddress.ip_network("5f00::/16"),  # SRv6 segment identifiers (RFC 9602)
+)
+_V4_RESERVED = (ipaddress.ip_network("192.88.99.0/24"),)  # 6to4 relay anycast (RFC 7526)
 _NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215: local-use translation
 _IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
 _UNIQUE_LOCAL = ipaddress.ip_network("fc00::/7")
@@ -47,7 +56,7 @@ _RFC1918 = tuple(
 @dataclass(frozen=True)
 class Refusal:
     kind: str  # one of KINDS
-    form: str = ""  # "", "IPv4-mapped", "NAT64", "6to4", "IPv4-compatible"
+    form: str = ""  # "", "IPv4-mapped", "NAT64", "6to4", "IPv4-compatible", "IPv4-translated"
 
     def describe(self) -> str:
         return f"{self.kind} address" + (f" ({self.form} form)" if self.form else "")
@@ -62,6 +71,8 @@ def _embedded_ipv4(addr: ipaddress.IPv6Address) -> tuple[ipaddress.IPv4Address, 
         return addr.sixtofour, "6to4"
     if addr in _IPV4_COMPATIBLE and int(addr) > 1:  # not :: or ::1, judged as IPv6 below
         return ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF), "IPv4-compatible"
+    if addr in _IPV4_TRANSLATED:
+        return ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF), "IPv4-translated"
     return None
 
 
@@ -77,6 +88,8 @@ def _ipv4_kind(addr: ipaddress.IPv4Address) -> str | None:
     if addr in _SHARED:
         return PRIVATE
     if addr.is_reserved or addr == ipaddress.IPv4Address("255.255.255.255"):
+        return RESERVED
+    if any(addr in net for net in _V4_RESERVED):
         return RESERVED
     if addr.is_private:
         # 10/8, 172.16/12, 192.168/16 — and the special-purpose blocks Python
@@ -100,6 +113,8 @@ def _ipv6_kind(addr: ipaddress.IPv6Address) -> str | None:
         return UNIQUE_LOCAL
     if addr in _SITE_LOCAL or addr in _NAT64_LOCAL:
         return PRIVATE
+    if addr.is_reserved or any(addr in net for net in _V6_RESERVED):
+        return RESERVED
     if addr.is_private or not addr.is_global:
         return RESERVED
     return None
@@ -115,6 +130,8 @@ def address_refusal(address: str | IPAddress) -> Refusal | None:
         if embedded is not None:
             inner, form = embedded
             kind = _ipv4_kind(inner)
+            if kind is None and form == "IPv4-translated":
+                kind = RESERVED
             return Refusal(kind, form) if kind else None
         kind = _ipv6_kind(addr)
     else:

@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import httpx
+from django.db import connections
 from django.utils import timezone
 
 from .. import signals
-from ..policy import redact, truncate_utf8
+from ..policy import truncate_utf8
 from . import gates, network
 from .config import ProviderConfig, provider_config
 from .errors import (
@@ -38,13 +39,19 @@ from .errors import (
     RedirectNotFollowed,
     ResponseTooLarge,
     SsrfRefused,
+    TransactionOpen,
     TransportFailed,
+    UndecodableBody,
 )
 from .policy import (
+    EXCERPT_BYTES,
     Verdict,
+    body_excerpt,
     classify_exception,
     classify_status,
+    cross_origin_drops,
     display_target,
+    may_have_reached_server,
     redact_headers,
     retry_plan,
 )
@@ -54,15 +61,60 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("durable.http")
 
-EXCERPT_BYTES = 300
+# httpx and httpcore log every request's full URL, query string included, at INFO
+# and DEBUG; signed URLs and ``?token=`` would reach the logs. Quiet unless an
+# operator configured these loggers on purpose.
+for _name in ("httpx", "httpcore"):
+    if logging.getLogger(_name).level == logging.NOTSET:
+        logging.getLogger(_name).setLevel(logging.WARNING)
+
 READ_CHUNK = 64 * 1024
+# How much of a body we read when we only want an excerpt of it (an error status,
+# a redirect hop): enough for the excerpt and any secret redacted in it.
+PARTIAL_BODY_BYTES = 16 * 1024
+# Marks a response whose Location header httpx could not parse (a response extension).
+_BAD_LOCATION = "durable_bad_location"
 
 
-def excerpt(body: bytes, secrets: Collection[str] = (), limit: int = EXCERPT_BYTES) -> str:
-    """A short, single-line, secret-free view of a body, for error messages and records."""
-    text = body[: limit * 2].decode("utf-8", errors="replace")
-    text = " ".join(text.split())  # no newlines or control runs in logs
-    return truncate_utf8(redact(text, frozenset(secrets)), limit)
+def excerpt(
+    body: bytes, secrets: Collection[str] = (), limit: int = EXCERPT_BYTES, *, complete: bool = True
+) -> str:
+    """A short, single-line, secret-free view of a body (``policy.body_excerpt``)."""
+    return body_excerpt(body, secrets, limit, complete=complete)
+
+
+def open_transaction() -> str | None:
+    """The alias of a database connection inside a transaction its caller opened, or None.
+
+    A request made there would hold the provider gate's row lock (PostgreSQL) or
+    SQLite's write lock for the whole exchange, keep its in-flight slot invisible
+    to other workers, and lose the SSRF refusal it records when the transaction
+    rolls back. The atomic blocks a Django ``TestCase`` wraps around each test
+    are marked ``_from_testcase`` and are not the caller's.
+    """
+    for conn in connections.all(initialized_only=True):
+        if conn.in_atomic_block and any(
+            not getattr(block, "_from_testcase", False) for block in conn.atomic_blocks
+        ):
+            return conn.alias
+    return None
+
+
+def _flag_bad_location(response: httpx.Response) -> None:
+    """Response hook: drop a Location httpx cannot parse, so the status decides the verdict.
+
+    httpx builds the next request for every 3xx with a Location, even when it
+    does not follow it, and reports an unparseable one as a protocol error —
+    which we would retry, and which says nothing about the redirect itself.
+    """
+    location = response.headers.get("location")
+    if location is None or not response.is_redirect:
+        return
+    try:
+        httpx.URL(location)  # what httpx's redirect handling parses, and fails on
+    except (httpx.InvalidURL, ValueError):
+        del response.headers["location"]
+        response.extensions[_BAD_LOCATION] = True
 
 
 @dataclass
@@ -73,6 +125,9 @@ class Response:
     method: str
     host: str
     elapsed: float
+    # False when only the beginning of the body was read (an error status: an excerpt's worth).
+    complete: bool = True
+    bad_location: bool = False
 
     @property
     def text(self) -> str:
@@ -82,26 +137,40 @@ class Response:
         return jsonlib.loads(self.content)
 
     def excerpt(self, secrets: Collection[str] = ()) -> str:
-        return excerpt(self.content, secrets)
+        return excerpt(self.content, secrets, complete=self.complete)
 
     def safe_headers(self) -> dict[str, str]:
         return redact_headers(list(self.headers.items()))
+
+
+class _Undecodable(Exception):
+    """The compressed body is corrupt or ends before its stream does."""
 
 
 class _BoundedDecoder:
     """gzip/deflate decoding that never produces more than the body limit (no zip bombs)."""
 
     def __init__(self, encoding: str):
-        # 32 + MAX_WBITS: accept a gzip or a zlib header.
+        # 32 + MAX_WBITS: accept a gzip or a zlib header (RFC 9110's "deflate" is zlib).
         self._inflater = zlib.decompressobj(32 + zlib.MAX_WBITS) if encoding else None
+        self._fed = 0
 
     def feed(self, chunk: bytes, room: int) -> bytes:
         if self._inflater is None:
             return chunk
-        data = self._inflater.decompress(chunk, room + 1)
+        self._fed += len(chunk)
+        try:
+            data = self._inflater.decompress(chunk, room + 1)
+        except zlib.error:
+            raise _Undecodable("corrupt compressed data") from None
         if self._inflater.unconsumed_tail:
             return data + b"\0"  # more output than room: the caller sees it overflow
         return data
+
+    def finish(self) -> None:
+        """After the last chunk: a stream that never reached its end is truncated, not done."""
+        if self._inflater is not None and self._fed and not self._inflater.eof:
+            raise _Undecodable("the compressed stream ends early")
 
 
 class HttpClient:
@@ -133,6 +202,7 @@ class HttpClient:
             ),
             follow_redirects=False,
             trust_env=False,
+            event_hooks={"response": [_flag_bad_location]},
         )
 
     def close(self) -> None:
@@ -161,10 +231,22 @@ class HttpClient:
         redacted from every excerpt and message.
         """
         config = self.config
+        alias = open_transaction()
+        if alias is not None:
+            raise TransactionOpen(
+                f"{config.name}: refusing to send {method.upper()} inside an open transaction "
+                f"on database {alias!r} (transaction.atomic(), or an operation with "
+                "atomic_units = True): the provider gate and the SSRF report would be held or "
+                "rolled back with it; make the request outside the transaction"
+            )
         try:
             request = self._client.build_request(
                 method, url, headers=headers, content=content, json=json, params=params
             )
+        except UnicodeEncodeError:
+            raise TransportFailed(
+                f"{config.name}: invalid request (a header value is not ASCII)"
+            ) from None
         except (httpx.InvalidURL, httpx.UnsupportedProtocol, ValueError) as exc:
             raise TransportFailed(f"{config.name}: invalid URL ({type(exc).__name__})") from None
         target = display_target(method, request.url.host, request.url.port)
@@ -172,9 +254,12 @@ class HttpClient:
         with network.deadline(config.total_timeout):
             gate_pass = gates.acquire(config, holder=holder) if config.gated else None
             try:
-                response = self._exchange(request, target, secrets)
+                response = self._exchange(request, target, secrets, accept)
             except (httpx.HTTPError, OSError) as exc:
-                raise self._transport_verdict(exc, target, attempt, started) from exc
+                # "from None": the chain holds h11's and the socket's own messages, which
+                # can quote a header value verbatim ("Illegal header value b'Bearer …'"),
+                # and the engine stores the traceback of the whole chain.
+                raise self._transport_verdict(exc, target, attempt, started) from None
             except SsrfRefused as exc:
                 self._announce_refusal(exc, target)
                 raise
@@ -189,64 +274,133 @@ class HttpClient:
                     gates.release(gate_pass)
         return self._status_verdict(response, target, attempt, accept, secrets)
 
-    def _exchange(self, request: httpx.Request, target: str, secrets: Collection[str]) -> Response:
+    def _exchange(
+        self,
+        request: httpx.Request,
+        target: str,
+        secrets: Collection[str],
+        accept: Collection[int],
+    ) -> Response:
         started = time.monotonic()
         hops = 0
         while True:
+            self._bound_pool_wait(request)
             raw = self._client.send(request, stream=True, follow_redirects=False)
             try:
                 follow = raw.next_request if self.config.follow_redirects else None
                 if follow is not None and hops < self.config.max_redirects:
-                    self._read_body(raw, target)  # bounded, then dropped
+                    self._read_body(raw, target, partial=True)  # bounded, then dropped
                     hops += 1
+                    if _origin(follow.url) != _origin(request.url):
+                        # httpx drops only Authorization and Cookie on a change of origin;
+                        # our auth header may be X-Api-Key, and config headers may carry
+                        # keys too. None of them may reach another host.
+                        for name in cross_origin_drops(
+                            follow.headers.multi_items(),
+                            auth_header=self.config.auth_header,
+                            secrets=secrets,
+                        ):
+                            follow.headers.pop(name, None)
                     request = follow
                     continue
-                body = self._read_body(raw, target)
+                status = raw.status_code
+                wanted = 200 <= status < 300 or status in accept
+                body, complete = self._read_body(raw, target, partial=not wanted)
                 return Response(
-                    status=raw.status_code,
+                    status=status,
                     headers=raw.headers,
                     content=body,
                     method=request.method,
                     host=request.url.host,
                     elapsed=time.monotonic() - started,
+                    complete=complete,
+                    bad_location=bool(raw.extensions.get(_BAD_LOCATION)),
                 )
             finally:
                 raw.close()
 
-    def _read_body(self, raw: httpx.Response, target: str) -> bytes:
-        """Stream the body up to ``max_body_bytes``; past it, stop reading and refuse."""
-        limit = self.config.max_body_bytes
+    @staticmethod
+    def _bound_pool_wait(request: httpx.Request) -> None:
+        """Cut every httpx timeout, the wait for a pooled connection included, to the deadline.
+
+        The socket operations are clamped below httpx (``network``), but the wait
+        for a free connection in the pool is not a socket operation.
+        """
+        left = network.remaining()
+        if left is None:
+            return
+        left = max(left, 0.001)
+        timeouts = request.extensions.get("timeout") or {}
+        request.extensions["timeout"] = {
+            key: left if value is None else min(value, left) for key, value in timeouts.items()
+        }
+
+    def _read_body(
+        self, raw: httpx.Response, target: str, *, partial: bool = False
+    ) -> tuple[bytes, bool]:
+        """Stream the body: all of it up to ``max_body_bytes`` (past it, stop and refuse),
+        or with ``partial`` only its first ``PARTIAL_BODY_BYTES`` for an excerpt.
+
+        Returns the body and whether it is complete. A partial read never fails on
+        size or encoding: an error status is classified by its status, not by its body.
+        """
+        name = self.config.name
+        limit = (
+            min(PARTIAL_BODY_BYTES, self.config.max_body_bytes)
+            if partial
+            else (self.config.max_body_bytes)
+        )
+        status = raw.status_code
+        reached = 200 <= status < 300  # the server took the request; only its answer failed
         declared = raw.headers.get("content-length", "").strip()
-        if declared.isdigit() and int(declared) > limit:
+        if not partial and declared.isdigit() and int(declared) > limit:
             raise ResponseTooLarge(
-                f"{self.config.name}: response too large ({target} declared {declared} bytes; "
+                f"{name}: response too large ({target} declared {declared} bytes; "
                 f"the limit is {limit})",
-                status=raw.status_code,
+                status=status,
+                possibly_sent=reached,
             )
         encoding = raw.headers.get("content-encoding", "").strip().lower()
         if encoding in ("", "identity"):
             decoder = _BoundedDecoder("")
         elif encoding in ("gzip", "x-gzip", "deflate"):
             decoder = _BoundedDecoder(encoding)
+        elif partial:
+            return b"", False
         else:
             raise TransportFailed(
-                f"{self.config.name}: unsupported Content-Encoding {encoding[:40]!r} from {target}",
-                status=raw.status_code,
+                f"{name}: unsupported Content-Encoding {encoding[:40]!r} from {target}",
+                status=status,
+                possibly_sent=reached,
             )
         body = bytearray()
-        for chunk in raw.iter_raw(READ_CHUNK):
-            data = decoder.feed(chunk, limit - len(body))
-            if len(body) + len(data) > limit:
-                raise ResponseTooLarge(
-                    f"{self.config.name}: response too large ({target} sent more than "
-                    f"{limit} bytes; reading stopped there)",
-                    status=raw.status_code,
-                )
-            body += data
-            left = network.remaining()
-            if left is not None and left <= 0:
-                raise httpx.ReadTimeout("total timeout exceeded while reading the body")
-        return bytes(body)
+        try:
+            for chunk in raw.iter_raw(READ_CHUNK):
+                data = decoder.feed(chunk, limit - len(body))
+                if len(body) + len(data) > limit:
+                    if partial:
+                        body += data[: limit - len(body)]
+                        return bytes(body), False
+                    raise ResponseTooLarge(
+                        f"{name}: response too large ({target} sent more than "
+                        f"{limit} bytes; reading stopped there)",
+                        status=status,
+                        possibly_sent=reached,
+                    )
+                body += data
+                left = network.remaining()
+                if left is not None and left <= 0:
+                    raise httpx.ReadTimeout("total timeout exceeded while reading the body")
+            decoder.finish()
+        except _Undecodable as exc:
+            if partial:
+                return bytes(body), False
+            raise UndecodableBody(
+                f"{name}: undecodable response body from {target} ({encoding}: {exc})",
+                status=status,
+                possibly_sent=reached,
+            ) from None
+        return bytes(body), True
 
     # --- verdicts -------------------------------------------------------------------
 
@@ -286,9 +440,12 @@ class HttpClient:
                 f"{self.config.name}: {reason} ({target}); retry at {plan.at.isoformat()}",
                 at=plan.at,
                 source=plan.source,
+                possibly_sent=may_have_reached_server(exc),
             )
         log.warning("http request failed", extra=facts)
-        return TransportFailed(f"{self.config.name}: {reason} ({target})")
+        return TransportFailed(
+            f"{self.config.name}: {reason} ({target})", possibly_sent=may_have_reached_server(exc)
+        )
 
     def _status_verdict(
         self,
@@ -338,11 +495,12 @@ class HttpClient:
             )
         log.warning("http request failed", extra={**facts, "outcome": classification.reason})
         if classification.verdict is Verdict.REDIRECT:
-            why = (
-                "redirect limit reached"
-                if self.config.follow_redirects
-                else "redirects are not followed for this provider"
-            )
+            if not self.config.follow_redirects:
+                why = "redirects are not followed for this provider"
+            elif response.bad_location:
+                why = "its Location header is not a valid URL"
+            else:
+                why = "redirect limit reached"
             raise RedirectNotFollowed(
                 f"{self.config.name}: {classification.reason} from {target}; {why}",
                 status=status,
@@ -364,7 +522,7 @@ class HttpClient:
                 "form": exc.form,
             },
         )
-        # Sent now, not on commit: an atomic unit's transaction is about to roll back.
+        # Sent now: there is no transaction to wait for (requests refuse to run inside one).
         signals.send_now(
             signals.security_refusal,
             category="ssrf",
@@ -377,6 +535,10 @@ class HttpClient:
             username=None,
             ip=None,
         )
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    return (url.scheme, url.host, url.port)
 
 
 # --- one client per provider and process --------------------------------------------

@@ -15,14 +15,28 @@ from ..errors import NonRetryable, RetryLater
 
 
 class HttpError(NonRetryable):
-    """A non-retryable outcome of an outbound request."""
+    """A non-retryable outcome of an outbound request.
+
+    ``possibly_sent`` is True when the request may have reached the server and
+    been acted on although we hold no answer for it (the connection failed after
+    the request was written, or a 2xx came back with a body we refused): a
+    delivery record keeps that doubt instead of hiding it.
+    """
 
     kind = "http error"
 
-    def __init__(self, message: str, *, status: int | None = None, excerpt: str = ""):
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        excerpt: str = "",
+        possibly_sent: bool = False,
+    ):
         super().__init__(message)
         self.status = status
         self.excerpt = excerpt
+        self.possibly_sent = possibly_sent
 
 
 class HttpStatusError(HttpError):
@@ -41,6 +55,18 @@ class TransportFailed(HttpError):
     """A transport failure a second try cannot fix (TLS verification, invalid URL…)."""
 
     kind = "transport failure"
+
+
+class UndecodableBody(HttpError):
+    """A gzip/deflate body that is corrupt or ends before its stream does."""
+
+    kind = "undecodable response body"
+
+
+class TransactionOpen(HttpError):
+    """A programming error: ``durable.http`` was called inside an open database transaction."""
+
+    kind = "request inside a database transaction"
 
 
 class SsrfRefused(HttpError):
@@ -70,15 +96,19 @@ class HttpRetryLater(RetryLater):
         status: int | None = None,
         excerpt: str = "",
         source: str = "backoff",
+        possibly_sent: bool = False,
     ):
         super().__init__(reason, at=at, consume_attempt=True)
         self.status = status
         self.excerpt = excerpt
         self.source = source
+        self.possibly_sent = possibly_sent  # see HttpError
 
 
 class GateClosed(RetryLater):
     """A provider gate (in-flight limit or spacing) said "not yet": no attempt is spent."""
+
+    possibly_sent = False  # turned away before anything was sent
 
     def __init__(self, reason: str, *, at: datetime):
         super().__init__(reason, at=at, consume_attempt=False)

@@ -17,22 +17,37 @@ the whole exchange, the dead worker's request cannot still be running then.
 Min spacing holds between *gate passes*, on the database clock. The request
 reaches the server a moment later (connect, write); that moment varies by
 a few milliseconds, so a server may see two starts slightly closer than S.
+
+Passing never waits long for the row: the lock wait is bounded by
+``MAX_LOCK_WAIT`` and by the time left on the request's deadline
+(PostgreSQL ``lock_timeout``; SQLite's busy timeout), and a gate that stays
+locked — by a process stuck inside its transaction, or SQLite's "database is
+locked" — is a ``GateClosed`` like a full one: rescheduled, no attempt spent.
 """
 
 from __future__ import annotations
 
+import logging
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 
+from . import network
 from .config import ProviderConfig
 from .errors import GateClosed
 from .models import GateSlot, ProviderGate
 
+log = logging.getLogger("durable.http")
+
 SLOT_MARGIN = 10.0  # seconds beyond the total timeout before a slot counts as abandoned
+# Passing a gate takes milliseconds; a row locked for longer than this is stuck, not busy.
+MAX_LOCK_WAIT = 5.0
+MIN_LOCK_WAIT = 0.05
 
 
 @dataclass(frozen=True)
@@ -72,6 +87,43 @@ def decide(
     return GateDecision(True)
 
 
+def lock_wait(remaining: float | None, cap: float = MAX_LOCK_WAIT) -> float:
+    """Pure: how long passing the gate may wait for its row, in seconds."""
+    if remaining is None:
+        return cap
+    return max(MIN_LOCK_WAIT, min(cap, remaining))
+
+
+def is_lock_timeout(exc: BaseException, vendor: str) -> bool:
+    """Pure: did this database error say "the lock was not free in time"?"""
+    if vendor == "postgresql":
+        # 55P03 lock_not_available: lock_timeout expired.
+        return getattr(exc.__cause__, "sqlstate", None) == "55P03"
+    if vendor == "sqlite":
+        return "database is locked" in str(exc) or "database table is locked" in str(exc)
+    return False
+
+
+@contextmanager
+def _bounded_lock_wait(seconds: float) -> Iterator[None]:
+    """SQLite: the busy timeout governs ``BEGIN IMMEDIATE``; set it for this block only.
+
+    (PostgreSQL sets ``lock_timeout`` locally inside the transaction instead.)
+    """
+    if connection.vendor != "sqlite":
+        yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA busy_timeout")
+        before = int(cursor.fetchone()[0])
+        cursor.execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"PRAGMA busy_timeout = {before}")
+
+
 @dataclass(frozen=True)
 class GatePass:
     provider: str
@@ -101,7 +153,27 @@ def _locked_gate(provider: str) -> ProviderGate:
 
 def acquire(config: ProviderConfig, *, holder: str = "") -> GatePass:
     """Pass the provider's gate or raise ``GateClosed`` with the time to try again."""
+    wait = lock_wait(network.remaining())
+    try:
+        with _bounded_lock_wait(wait):
+            return _acquire(config, holder=holder, wait=wait)
+    except OperationalError as exc:
+        if not is_lock_timeout(exc, connection.vendor):
+            raise
+        retry = config.gate_retry_seconds * random.uniform(0.5, 1.5)
+        raise GateClosed(
+            f"{config.name}: gate closed (its row stayed locked for {wait:g}s)",
+            at=timezone.now() + timedelta(seconds=retry),
+        ) from None
+
+
+def _acquire(config: ProviderConfig, *, holder: str, wait: float) -> GatePass:
     with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT set_config('lock_timeout', %s, true)", [f"{int(wait * 1000)}ms"]
+                )
         gate = _locked_gate(config.name)
         now = _database_now()
         live = GateSlot.objects.filter(provider=config.name)
@@ -131,6 +203,16 @@ def acquire(config: ProviderConfig, *, holder: str = "") -> GatePass:
 
 
 def release(gate_pass: GatePass) -> None:
-    """Free the slot; if this fails (database gone), the slot simply expires."""
-    if gate_pass.slot_id is not None:
+    """Free the slot; if this fails (database gone or locked), the slot simply expires.
+
+    Never raises: the request's own outcome matters more than the bookkeeping.
+    """
+    if gate_pass.slot_id is None:
+        return
+    try:
         GateSlot.objects.filter(pk=gate_pass.slot_id).delete()
+    except DatabaseError:
+        log.warning(
+            "could not free a gate slot; it expires by itself",
+            extra={"provider": gate_pass.provider, "slot": gate_pass.slot_id},
+        )

@@ -24,21 +24,27 @@ import enum
 import random
 import re
 import ssl
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.utils.http import parse_http_date
 
-from ..policy import backoff_delay
+from ..policy import backoff_delay, redact, truncate_utf8
 from ..sanitize import looks_like_credential_key
 
 # --- classification ----------------------------------------------------------------
 
 RETRYABLE_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+# The 3xx that point somewhere else (httpx follows exactly these). 304 answers a
+# conditional request; 300, 305 and 306 are nothing a client should follow.
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 # Statuses after which a reset header may extend the wait even without "Remaining: 0".
 RATE_LIMIT_STATUSES = frozenset({429, 503})
 DEFAULT_MAX_RETRY_AFTER = 24 * 3600.0
+# A valid Retry-After shorter than this (``0``, a date a moment away) waits this
+# long instead: back-to-back retries would spend the attempts in a burst.
+RETRY_AFTER_FLOOR = 1.0
 # Numbers at or above this are epoch seconds (2001-09-09); below, delta seconds.
 EPOCH_THRESHOLD = 1_000_000_000
 
@@ -72,8 +78,13 @@ def classify_status(status: int) -> Classification:
         return Classification(Verdict.SUCCESS, "ok")
     if status in RETRYABLE_STATUSES:
         return Classification(Verdict.RETRY, f"HTTP {status}")
-    if 300 <= status < 400:
+    if status in REDIRECT_STATUSES:
         return Classification(Verdict.REDIRECT, f"HTTP {status} redirect")
+    if status == 304:
+        # An answer to a conditional request: a caller that sends one lists it in accept.
+        return Classification(Verdict.FAIL, "HTTP 304: not modified (not accepted by the caller)")
+    if 300 <= status < 400:
+        return Classification(Verdict.FAIL, f"HTTP {status}: unexpected 3xx answer")
     if status in (401, 407):
         return Classification(Verdict.FAIL, f"HTTP {status}: authentication refused")
     if status == 403:
@@ -148,6 +159,35 @@ def classify_exception(exc: BaseException) -> Classification:
     if isinstance(exc, httpx.TransportError):
         return Classification(Verdict.RETRY, "transport error")
     return Classification(Verdict.FAIL, f"unexpected {type(exc).__name__}")
+
+
+def may_have_reached_server(exc: BaseException) -> bool:
+    """Could the request have reached the server and been acted on, although it failed?
+
+    No when it failed before a connection carried it: DNS, connect, pool wait,
+    TLS verification, an SSRF refusal, a request httpx or h11 refused to write.
+    Otherwise (a reset, a timeout or a closed connection after writing started)
+    nobody can tell, so yes.
+    """
+    import httpx
+
+    from .errors import DnsLookupFailed, HttpError
+
+    if isinstance(exc, HttpError):
+        return exc.possibly_sent
+    chain = cause_chain(exc)
+    if any(isinstance(item, ssl.SSLCertVerificationError) for item in chain):
+        return False
+    before_sending = (
+        httpx.ConnectError,
+        httpx.ConnectTimeout,
+        httpx.PoolTimeout,
+        httpx.UnsupportedProtocol,
+        httpx.InvalidURL,
+        httpx.LocalProtocolError,
+        DnsLookupFailed,
+    )
+    return not isinstance(exc, before_sending)
 
 
 # --- retry timing --------------------------------------------------------------------
@@ -254,7 +294,9 @@ def retry_plan(
     headers = headers or {}
     at = parse_retry_after(_header(headers, "retry-after"), now=now, ceiling=max_retry_after)
     source = "retry-after"
-    if at is None:
+    if at is not None:
+        at = max(at, now + timedelta(seconds=RETRY_AFTER_FLOOR))
+    else:
         delay = backoff_delay(attempt, base=backoff_base, cap=backoff_max, rng=rng)
         at, source = now + timedelta(seconds=delay), "backoff"
     if status is not None and limit_spent(status, headers):
@@ -274,6 +316,53 @@ def full_jitter(
 
 # --- what may be shown -----------------------------------------------------------------
 
+EXCERPT_BYTES = 300
+MIN_SECRET_CHARS = 4  # what ``durable.policy.redact`` can protect; shorter values are refused
+
+
+def _drop_secret_start(text: str, secrets: Iterable[str]) -> str:
+    """Cut ``text`` where its tail begins a secret (a body read only partly ends mid-token)."""
+    cut = len(text)
+    for secret in secrets:
+        if len(secret) < MIN_SECRET_CHARS:
+            continue
+        head = secret[:MIN_SECRET_CHARS]
+        pos = text.find(head, max(0, len(text) - len(secret) + 1))
+        while pos != -1:
+            if secret.startswith(text[pos:]):
+                cut = min(cut, pos)
+                break
+            pos = text.find(head, pos + 1)
+    return text[:cut]
+
+
+def body_excerpt(
+    body: bytes,
+    secrets: Collection[str] = (),
+    limit: int = EXCERPT_BYTES,
+    *,
+    complete: bool = True,
+) -> str:
+    """A short, single-line, secret-free view of a body, for error messages and records.
+
+    Secrets are redacted over the whole (already bounded) body *before* it is
+    cut to ``limit``: cutting first would leave the head of a long token that
+    starts inside the excerpt and ends after it (a 960-character JWT echoed
+    back kept 265 of its characters). Whitespace is collapsed afterwards and
+    the collapsed forms of the secrets are redacted too. ``complete=False``
+    says the body is only the beginning of what the server sent, so its last
+    characters may be the start of a secret cut in two: such a tail is dropped.
+    """
+    values = frozenset(s for s in secrets if s)
+    text = body.decode("utf-8", errors="replace")
+    if not complete:
+        text = _drop_secret_start(text, values)
+    text = redact(text, values)
+    text = " ".join(text.split())  # no newlines or control runs in logs
+    text = redact(text, frozenset(" ".join(s.split()) for s in values))
+    return truncate_utf8(text, limit)
+
+
 REDACTED = "[redacted]"
 ALWAYS_REDACTED = frozenset(
     {"authorization", "proxy-authorization", "cookie", "set-cookie", "x-signature"}
@@ -284,6 +373,27 @@ def is_sensitive_header(name: str) -> bool:
     """Authorization and cookies always; anything named like a credential (X-Api-Key…) too."""
     lowered = name.lower()
     return lowered in ALWAYS_REDACTED or looks_like_credential_key(lowered)
+
+
+def cross_origin_drops(
+    headers: Iterable[tuple[str, str]], *, auth_header: str, secrets: Collection[str] = ()
+) -> list[str]:
+    """The headers a redirect to another origin (scheme, host or port) must not carry.
+
+    The provider's auth header, every header named like a credential
+    (``is_sensitive_header``), and any header whose value contains a secret the
+    job resolved (a signing key in an unusual header).
+    """
+    values = [s for s in secrets if len(s) >= MIN_SECRET_CHARS]
+    drops: list[str] = []
+    for name, value in headers:
+        if (
+            name.lower() == auth_header.lower()
+            or is_sensitive_header(name)
+            or any(secret in value for secret in values)
+        ) and name.lower() not in (d.lower() for d in drops):
+            drops.append(name)
+    return drops
 
 
 def redact_headers(headers: Mapping[str, str] | list[tuple[str, str]]) -> dict[str, str]:

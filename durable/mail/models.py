@@ -4,7 +4,8 @@ SMTP has no idempotency key, so a mail delivery is explicitly **at-least-once**:
 the record is marked ``sending`` in its own commit before the message goes
 out, and a replay that finds ``sending`` cannot know whether the server took
 the message — it sends again and sets ``possibly_duplicate``, so the record
-says "possibly sent twice" instead of hiding it.
+says "possibly sent twice" instead of hiding it. A record whose job is
+cancelled or exhausted while it says ``sending`` keeps ``possibly_sent``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ class MailDelivery(models.Model):
     possibly_duplicate = models.BooleanField(
         default=False,
         help_text="Stopped between sending and recording: possibly sent twice.",
+    )
+    possibly_sent = models.BooleanField(
+        default=False,
+        help_text="Cancelled or exhausted while sending: the message may have gone out.",
     )
     send_attempts = models.PositiveIntegerField(default=0, help_text="SMTP sends started.")
     last_attempt_at = models.DateTimeField(null=True, blank=True)

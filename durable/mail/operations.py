@@ -18,7 +18,7 @@ server refused, so the record goes back to ``pending`` or to ``failed``.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
@@ -27,10 +27,10 @@ from django.utils import timezone
 
 from .. import faults, notify
 from ..errors import InputRejected, NonRetryable, Unavailable
-from ..operations import JobContext, Operation, Unit, register
+from ..operations import Access, JobContext, Operation, Unit, register
 from ..states import JobState
 from .models import MailDelivery, MailState
-from .policy import MailVerdict, classify_smtp_error, compose
+from .policy import MailVerdict, NothingSent, classify_smtp_error, compose
 
 
 class MailNotSent(Exception):
@@ -59,6 +59,7 @@ class SendMail(Operation):
     backoff_max = 1800.0
     on_exhausted = JobState.FAILED
     unit_timeout = 600.0
+    access = Access.SYSTEM  # ``publish`` and ``resend_mail`` enqueue it; nobody starts it by hand
 
     def clean_input(self, data: dict[str, Any]) -> dict[str, Any]:
         delivery_id = data.get("delivery_id")
@@ -120,9 +121,13 @@ class SendMail(Operation):
                 last_attempt_at=timezone.now(),
             )
             try:
-                connection.send_messages([message])
+                sent = connection.send_messages([message])
             except Exception as exc:
                 self._fail(ctx, records, exc, sending=True)
+            if sent != 1:
+                # A backend that reports nothing sent (fail_silently, a filtering or custom
+                # backend) has not sent it: say so instead of recording "sent".
+                self._fail(ctx, records, NothingSent(sent), sending=True)
         finally:
             connection.close()
         faults.reach("mail_after_send")  # the server has it; our record does not yet
@@ -133,7 +138,7 @@ class SendMail(Operation):
         password = _password(ctx)
         return {} if password is None else {"password": password}
 
-    def _fail(self, ctx: JobContext, records: Any, exc: Exception, *, sending: bool) -> None:
+    def _fail(self, ctx: JobContext, records: Any, exc: Exception, *, sending: bool) -> NoReturn:
         outcome = classify_smtp_error(exc)
         reason = notify.last_error(f"{outcome.reason}: {exc}", ctx.secrets)
         exhausted = ctx.attempt >= notify.max_attempts(ctx.job_id)

@@ -46,6 +46,13 @@ def compose(
     return subject, body
 
 
+class NothingSent(Exception):
+    """``send_messages`` returned something other than 1 for our one message."""
+
+    def __init__(self, count: object):
+        super().__init__(f"the email backend reported {count!r} messages sent, not 1")
+
+
 class MailVerdict(enum.StrEnum):
     RETRY = "retry"
     FAIL = "fail"
@@ -67,6 +74,8 @@ def classify_smtp_error(exc: BaseException) -> SmtpOutcome:
     Authentication failures pause the job: retrying a wrong password only
     locks the account, and fixing it is an operator's task.
     """
+    if isinstance(exc, NothingSent):
+        return SmtpOutcome(MailVerdict.RETRY, "the email backend sent nothing", True)
     if isinstance(exc, smtplib.SMTPAuthenticationError):
         return SmtpOutcome(
             MailVerdict.PAUSE,

@@ -105,6 +105,12 @@ class Delivery(models.Model):
     attempts = models.PositiveIntegerField(default=0, help_text="Requests actually sent.")
     last_attempt_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="", help_text="Bounded and redacted.")
+    # Set before the first POST and kept unless an answer (or a failure that surely sent
+    # nothing) says otherwise: a worker killed after posting, or a timeout after the body
+    # went out, leaves it. On a delivered record: possibly delivered twice (same key).
+    possibly_sent = models.BooleanField(
+        default=False, help_text="A POST may have reached the receiver with no answer recorded."
+    )
     # A plain id, not a foreign key: retention may purge the finished job, the record stays.
     job_id = models.BigIntegerField(null=True, blank=True)
     redeliveries = models.PositiveIntegerField(default=0)

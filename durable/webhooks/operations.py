@@ -6,6 +6,13 @@ bounded body, gates, SSRF guard) and records the outcome on the delivery,
 fenced by the job's lease. A crash after the POST but before that record
 repeats the POST with the *same* ``Idempotency-Key``, which is what the
 receiver deduplicates on.
+
+Before the first POST the record is marked ``possibly_sent`` in its own
+commit; an answer from the receiver, or a failure that certainly sent
+nothing (gate closed, connect error, SSRF refusal, a missing credential),
+puts back what it was. So a worker killed after the POST, or a timeout after
+the body went out, leaves the doubt on the record — and cancelling or
+exhausting the job later does not erase it.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from django.utils import timezone
 from .. import faults, http, notify
 from ..errors import InputRejected, NonRetryable
 from ..http.errors import HttpError, HttpRetryLater
-from ..operations import JobContext, Operation, Unit, register
+from ..operations import Access, JobContext, Operation, Unit, register
 from ..states import JobState
 from . import policy
 from .models import Delivery, DeliveryState
@@ -42,6 +49,7 @@ class DeliverWebhook(Operation):
     max_attempts = 10
     on_exhausted = JobState.FAILED
     unit_timeout = 600.0
+    access = Access.SYSTEM  # ``publish`` and ``redeliver`` enqueue it; nobody starts it by hand
 
     def clean_input(self, data: dict[str, Any]) -> dict[str, Any]:
         delivery_id = data.get("delivery_id")
@@ -85,6 +93,9 @@ class DeliverWebhook(Operation):
             "X-Webhook-Event": event.event_type,
             "X-Webhook-Event-Id": event.event_id,
         }
+        doubt = delivery.possibly_sent  # an earlier attempt's doubt stays
+        if not doubt:
+            notify.fenced_update(ctx, records, possibly_sent=True)
         try:
             response = http.request(
                 ctx, endpoint.provider, "POST", endpoint.url, content=content, headers=headers
@@ -97,17 +108,34 @@ class DeliverWebhook(Operation):
                 state=DeliveryState.EXHAUSTED if exhausted else DeliveryState.PENDING,
                 status=exc.status,
                 error=str(exc),
+                possibly_sent=doubt or exc.possibly_sent,
             )
             raise
         except HttpError as exc:
             self._record_attempt(
-                ctx, records, state=DeliveryState.FAILED, status=exc.status, error=str(exc)
+                ctx,
+                records,
+                state=DeliveryState.FAILED,
+                status=exc.status,
+                error=str(exc),
+                possibly_sent=doubt or exc.possibly_sent,
             )
+            raise
+        except Exception:
+            # Raised before anything was sent: a closed gate (RetryLater, no attempt
+            # spent), the provider's auth credential missing (Unavailable), its settings.
+            if not doubt:
+                notify.fenced_update(ctx, records, possibly_sent=False)
             raise
         faults.reach("webhook_after_post")  # the receiver has it; our record does not yet
         now = timezone.now()
         self._record_attempt(
-            ctx, records, state=DeliveryState.DELIVERED, status=response.status, delivered_at=now
+            ctx,
+            records,
+            state=DeliveryState.DELIVERED,
+            status=response.status,
+            delivered_at=now,
+            possibly_sent=doubt,
         )
         return {"status": response.status}
 

@@ -31,6 +31,9 @@ class Reply:
     body: bytes = b"ok"
     delay: float = 0.0  # before the status line
     drip: float | None = None  # seconds between body bytes (declares a long Content-Length)
+    # Seconds between header lines that never end (the head is never complete): no
+    # read ever waits long, so only a whole-exchange deadline stops the client.
+    drip_headers: float | None = None
     reset_after: int | None = None  # send this many body bytes, then a TCP RST
     stream_bytes: int | None = None  # chunked body of this many bytes, no Content-Length
     chunk: bytes = b"M" * 65536  # what a streamed body is made of
@@ -84,6 +87,15 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self, reply: Reply, record: Record) -> None:
         if reply.delay:
             time.sleep(reply.delay)
+        if reply.drip_headers is not None:
+            self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+            for n in range(int(30 / reply.drip_headers)):  # at most 30 s of it
+                self.wfile.write(b"X-Drip-%d: .\r\n" % n)
+                self.wfile.flush()
+                record.bytes_sent += 1
+                time.sleep(reply.drip_headers)
+            self.close_connection = True
+            return
         self.send_response(reply.status)
         for name, value in reply.headers.items():
             self.send_header(name, value)

@@ -52,6 +52,15 @@ NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
         ("2002:c0a8:101::", "private", "6to4"),
         ("::7f00:1", "loopback", "IPv4-compatible"),
         ("fe80::1%eth0", "link-local", ""),  # with a zone id
+        ("192.88.99.1", "reserved", ""),  # 6to4 relay anycast, deprecated (RFC 7526)
+        ("3fff::1", "reserved", ""),  # documentation (RFC 9637); Python 3.11 calls it global
+        ("3fff:fff:ffff::1", "reserved", ""),  # the end of 3fff::/20
+        ("5f00::1", "reserved", ""),  # SRv6 SIDs (RFC 9602)
+        ("4000::1", "reserved", ""),  # IETF reserved (is_reserved), outside 2000::/3
+        ("e000::1", "reserved", ""),
+        ("::ffff:0:7f00:1", "loopback", "IPv4-translated"),  # ::ffff:0:127.0.0.1
+        ("::ffff:0:a9fe:a9fe", "link-local", "IPv4-translated"),  # metadata, translated
+        ("::ffff:0:808:808", "reserved", "IPv4-translated"),  # never routed, even if public
     ],
 )
 def test_address_refusal__refuses_every_non_public_class(address, kind, form):
@@ -72,6 +81,9 @@ def test_address_refusal__refuses_every_non_public_class(address, kind, form):
         "::ffff:8.8.8.8",  # IPv4-mapped public address
         "64:ff9b::808:808",  # NAT64 of a public address: how v6-only hosts reach IPv4
         "2002:808:808::1",  # 6to4 of a public address
+        "192.88.98.1",  # next to the 6to4 relay block
+        "3fff:1000::1",  # just past 3fff::/20
+        "2001:4860:4860::8888",  # a public resolver
     ],
 )
 def test_address_refusal__allows_public_addresses(address):

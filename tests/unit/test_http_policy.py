@@ -14,11 +14,14 @@ from hypothesis import strategies as st
 from durable.http.errors import DnsLookupFailed, ResponseTooLarge, SsrfRefused
 from durable.http.policy import (
     Verdict,
+    body_excerpt,
     classify_exception,
     classify_status,
+    cross_origin_drops,
     display_target,
     full_jitter,
     limit_spent,
+    may_have_reached_server,
     parse_reset,
     parse_retry_after,
     redact_headers,
@@ -44,7 +47,12 @@ EPOCH_NOW = int(NOW.timestamp())
         (504, Verdict.RETRY),
         (301, Verdict.REDIRECT),
         (302, Verdict.REDIRECT),
+        (303, Verdict.REDIRECT),
         (307, Verdict.REDIRECT),
+        (308, Verdict.REDIRECT),
+        (304, Verdict.FAIL),  # not modified: an answer to a conditional request, no redirect
+        (300, Verdict.FAIL),  # multiple choices: nothing to follow
+        (305, Verdict.FAIL),  # use proxy: deprecated, never followed
         (400, Verdict.FAIL),  # validation
         (401, Verdict.FAIL),  # authentication
         (403, Verdict.FAIL),  # authorization
@@ -75,6 +83,10 @@ def test_classify_status__table(status, verdict):
 )
 def test_classify_status__names_the_class_of_4xx(status, words):
     assert words in classify_status(status).reason
+
+
+def test_classify_status__304_says_what_it_is():
+    assert "not modified" in classify_status(304).reason
 
 
 def chained(outer: BaseException, *inner: BaseException) -> BaseException:
@@ -130,6 +142,33 @@ def test_classify_exception__table(exc, verdict, reason):
     result = classify_exception(exc)
     assert result.verdict is verdict
     assert reason in result.reason
+
+
+@pytest.mark.parametrize(
+    ("exc", "reached"),
+    [
+        (httpx.ConnectError("refused"), False),  # nothing left this machine
+        (httpx.ConnectTimeout("t"), False),
+        (httpx.PoolTimeout("t"), False),  # waited for a connection, never had one
+        (chained(httpx.ConnectError("x"), DnsLookupFailed("nx")), False),
+        (
+            chained(httpx.ConnectError("x"), ssl.SSLCertVerificationError("bad")),
+            False,
+        ),
+        (httpx.LocalProtocolError("Illegal header value"), False),  # refused before writing
+        (httpx.InvalidURL("bad"), False),
+        (SsrfRefused("no", host="h", address_class="loopback"), False),
+        (httpx.ReadTimeout("t"), True),  # the request was written; the answer never came
+        (httpx.ReadError("reset"), True),
+        (httpx.WriteError("broken pipe"), True),  # part of it went out
+        (httpx.WriteTimeout("t"), True),
+        (httpx.RemoteProtocolError("disconnected"), True),
+        (ResponseTooLarge("big", status=200, possibly_sent=True), True),  # a 2xx came back
+        (ResponseTooLarge("big", status=404), False),
+    ],
+)
+def test_may_have_reached_server__table(exc, reached):
+    assert may_have_reached_server(exc) is reached
 
 
 @pytest.mark.parametrize(
@@ -251,6 +290,21 @@ def test_retry_plan__reset_ignored_while_quota_remains():
     assert plan(502, headers).at == NOW + timedelta(seconds=3600)
 
 
+@pytest.mark.parametrize(
+    ("value", "delay"),
+    [
+        ("0", 1.0),  # "now": a floor of 1 s, not a burst of back-to-back attempts
+        ("0.2", 1.0),
+        ("1", 1.0),
+        ("2.5", 2.5),  # above the floor: as the server said
+        ("Tue, 01 Dec 2026 12:00:01 GMT", 1.0),
+    ],
+)
+def test_retry_plan__retry_after_has_a_small_floor(value, delay):
+    result = plan(429, {"Retry-After": value})
+    assert (result.delay(NOW), result.source) == (delay, "retry-after")
+
+
 def test_retry_plan__transport_errors_use_backoff_only():
     result = plan(None, {})
     assert result.source == "backoff"
@@ -315,3 +369,61 @@ def test_redact_headers__table(name, redacted):
 def test_display_target__never_shows_path_or_query():
     assert display_target("post", "hooks.example.com", 8443) == "POST hooks.example.com:8443"
     assert display_target("GET", "api.example.com") == "GET api.example.com"
+
+
+JWT = "eyJhbGciOiJIUzI1NiJ9." + "eyJzdWIiOiIxMjM0NTY3ODkwIn0" * 34 + ".c2lnbmF0dXJl"  # ~960 chars
+
+
+def pieces(secret: str, size: int = 12) -> list[str]:
+    """Every ``size``-character window of ``secret``: none may survive anywhere."""
+    return [secret[i : i + size] for i in range(0, len(secret) - size + 1)]
+
+
+@pytest.mark.parametrize(
+    ("body", "complete"),
+    [
+        (f"bad auth Bearer {JWT} more", True),  # the token starts inside the excerpt
+        (f"{'x' * 250} Bearer {JWT}", True),  # and ends long after its 300 bytes
+        (f"{' ' * 5000}{JWT}", True),  # whitespace collapses: the token moves forward
+        (f"error: {JWT[:500]}", False),  # a partial read ended in the middle of it
+        (f"error: {JWT[:5]}", False),
+    ],
+)
+def test_body_excerpt__no_piece_of_a_long_secret_survives(body, complete):
+    shown = body_excerpt(body.encode(), {JWT}, complete=complete)
+    assert len(shown.encode()) <= 300
+    assert not [piece for piece in pieces(JWT) if piece in shown]
+
+
+def test_body_excerpt__redacts_collapses_and_cuts():
+    shown = body_excerpt(b"line one\n\tline two token-1234 " + b"z" * 1000, {"token-1234"})
+    assert shown.startswith("line one line two [redacted] zzz")
+    assert len(shown.encode()) <= 300
+    assert body_excerpt(b"say  pass  word  here", {"pass  word"}) == "say [redacted] here"
+
+
+def test_body_excerpt__a_complete_body_keeps_a_coincidental_ending():
+    # Only a partial body can end in a cut secret; a complete one is shown as it is.
+    assert body_excerpt(b"status: eyJh", {JWT}) == "status: eyJh"
+    assert body_excerpt(b"status: eyJh", {JWT}, complete=False) == "status:"
+
+
+@pytest.mark.parametrize(
+    ("headers", "dropped"),
+    [
+        ([("Authorization", "Bearer x")], ["Authorization"]),
+        ([("X-Api-Key", "k-1234")], ["X-Api-Key"]),  # named like a credential
+        ([("X-Signature", "t=1,v1=ab")], ["X-Signature"]),
+        (
+            [("Cookie", "a=b"), ("Proxy-Authorization", "Basic x")],
+            ["Cookie", "Proxy-Authorization"],
+        ),
+        ([("X-Custom-Auth", "whatever")], ["X-Custom-Auth"]),  # the provider's auth_header
+        ([("X-Tenant", "acme s3cr3t-value")], ["X-Tenant"]),  # carries a resolved secret
+        ([("Content-Type", "application/json"), ("Idempotency-Key", "k")], []),
+        ([("User-Agent", "durable-http/1"), ("Accept", "*/*")], []),
+    ],
+)
+def test_cross_origin_drops__table(headers, dropped):
+    found = cross_origin_drops(headers, auth_header="x-custom-auth", secrets={"s3cr3t-value"})
+    assert found == dropped

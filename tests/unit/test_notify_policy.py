@@ -11,10 +11,12 @@ from durable.mail.policy import (
     FOOTER,
     MAX_SUBJECT_CHARS,
     MailVerdict,
+    NothingSent,
     classify_smtp_error,
     compose,
     message_id,
 )
+from durable.operations import get_operation, may_start
 from durable.webhooks.policy import body, content_id, idempotency_key, matches, signature, verify
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -119,6 +121,7 @@ def refused(code: int) -> smtplib.SMTPRecipientsRefused:
         (TimeoutError("timed out"), MailVerdict.RETRY, False),
         (ConnectionResetError(104, "reset"), MailVerdict.RETRY, False),
         (RuntimeError("surprise"), MailVerdict.RETRY, False),
+        (NothingSent(0), MailVerdict.RETRY, True),  # the backend said it sent nothing
     ],
 )
 def test_classify_smtp_error__table(exc, verdict, definite):
@@ -157,3 +160,11 @@ def test_published_checkpoint__is_bounded():
     assert _bounded_json({"next": 5}) == {"next": 5}
     huge = _bounded_json({"ids": list(range(100_000))})
     assert len(huge["truncated"]) == MAX_CHECKPOINT_CHARS
+
+
+@pytest.mark.parametrize("operation", ["durable.webhook", "durable.mail"])
+def test_delivery_operations__are_enqueued_by_the_site_never_by_hand(operation):
+    # publish / redeliver / resend_mail enqueue them; may_start says no to everyone else.
+    op = get_operation(operation)
+    assert op.access == "system"
+    assert may_start(op, privileged=True) is False

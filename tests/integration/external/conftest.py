@@ -127,11 +127,20 @@ class Mail:
 
 @dataclass
 class SmtpServer:
-    """aiosmtpd on 127.0.0.1, port 0, in its own event loop thread; ``replies`` scripts DATA."""
+    """aiosmtpd on 127.0.0.1, port 0, in its own event loop thread; ``replies`` scripts DATA.
+
+    A reply ``"drop"`` takes the message and hangs up before answering (the
+    client cannot know it was taken). ``logins`` (user → password) turns on
+    AUTH LOGIN/PLAIN without TLS (loopback only) and records every attempt.
+    """
 
     messages: list[Mail] = field(default_factory=list)
     replies: list[str] = field(default_factory=list)  # e.g. "451 try later"; then "250 OK"
     port: int = 0
+    logins: dict[str, str] | None = None
+    # (user, accepted). Not "auth_…": aiosmtpd takes handler attributes so named for
+    # AUTH mechanisms.
+    logins_seen: list[tuple[str, bool]] = field(default_factory=list)
 
     def start(self) -> None:
         from aiosmtpd.smtp import SMTP
@@ -140,22 +149,49 @@ class SmtpServer:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
 
+        options: dict[str, Any] = {}
+        if self.logins is not None:
+            options = {
+                "authenticator": self._authenticate,
+                "auth_required": True,  # nothing is accepted without the password
+                # Loopback only: no TLS to set up. aiosmtpd warns about it (UserWarning):
+                # tests using this mark it ignored.
+                "auth_require_tls": False,
+            }
+
         async def serve() -> Any:
             return await self._loop.create_server(
-                lambda: SMTP(self, hostname="localhost", loop=self._loop), "127.0.0.1", 0
+                lambda: SMTP(self, hostname="localhost", loop=self._loop, **options),
+                "127.0.0.1",
+                0,
             )
 
         self._server = asyncio.run_coroutine_threadsafe(serve(), self._loop).result(10)
         self.port = self._server.sockets[0].getsockname()[1]
 
+    def _authenticate(
+        self, server: Any, session: Any, envelope: Any, mechanism: str, auth_data: Any
+    ) -> Any:
+        from aiosmtpd.smtp import AuthResult, LoginPassword
+
+        if not isinstance(auth_data, LoginPassword):
+            return AuthResult(success=False, handled=False)
+        user = auth_data.login.decode()
+        accepted = (self.logins or {}).get(user) == auth_data.password.decode()
+        self.logins_seen.append((user, accepted))
+        return AuthResult(success=accepted)
+
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        mail = Mail(envelope.mail_from, list(envelope.rcpt_tos), envelope.content, time.time())
         if self.replies:
             answer = self.replies.pop(0)
+            if answer == "drop":
+                self.messages.append(mail)
+                server.transport.close()
+                return "250 OK"  # never reaches the client
             if not answer.startswith("250"):
                 return answer
-        self.messages.append(
-            Mail(envelope.mail_from, list(envelope.rcpt_tos), envelope.content, time.time())
-        )
+        self.messages.append(mail)
         return "250 OK"
 
     def close(self) -> None:
@@ -169,9 +205,11 @@ class SmtpServer:
         self._loop.close()
 
 
-@pytest.fixture
-def smtp_server(settings: Any) -> Iterator[SmtpServer]:
-    server = SmtpServer()
+SMTP_USER = "notify-bot"
+
+
+def _serve_smtp(settings: Any, logins: dict[str, str] | None) -> Iterator[SmtpServer]:
+    server = SmtpServer(logins=logins)
     server.start()
     settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
     settings.EMAIL_HOST = "127.0.0.1"
@@ -181,6 +219,17 @@ def smtp_server(settings: Any) -> Iterator[SmtpServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def smtp_server(settings: Any) -> Iterator[SmtpServer]:
+    yield from _serve_smtp(settings, None)
+
+
+@pytest.fixture
+def smtp_login_server(settings: Any) -> Iterator[SmtpServer]:
+    """Requires AUTH: ``server.logins = {SMTP_USER: password}`` before the test sends."""
+    yield from _serve_smtp(settings, {})
 
 
 def smtp_env(server: SmtpServer) -> dict[str, str]:

@@ -48,6 +48,43 @@ def test_resolve__settings_and_environment_come_before_the_table(settings, monke
     assert credentials.resolve("github") == "from-settings"
 
 
+def test_resolve__strips_the_newline_a_file_or_heredoc_leaves(settings, monkeypatch):
+    monkeypatch.setenv("DURABLE_CREDENTIAL_GITHUB", f"{SECRET}\n")
+    assert credentials.resolve("github") == SECRET
+    settings.DURABLE_CREDENTIALS = {"github": f"  {SECRET}\r\n"}
+    assert credentials.resolve("github") == SECRET
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("abc", "shorter than 4"),  # would never be redacted
+        ("tok\nrest-of-the-secret", "control character"),  # h11 quotes it in its error
+        ("tok\x01rest-of-the-secret", "control character"),
+    ],
+)
+def test_resolve__refuses_unusable_values_from_settings_and_environment(
+    settings, monkeypatch, value, problem
+):
+    monkeypatch.setenv("DURABLE_CREDENTIAL_GITHUB", value)
+    with pytest.raises(Unavailable, match=problem) as info:
+        credentials.resolve("github")
+    assert "DURABLE_CREDENTIAL_GITHUB" in str(info.value)  # where to fix it
+    assert value not in str(info.value)
+    monkeypatch.delenv("DURABLE_CREDENTIAL_GITHUB")
+    settings.DURABLE_CREDENTIALS = {"github": value}
+    with pytest.raises(Unavailable, match=r"DURABLE_CREDENTIALS\['github'\]"):
+        credentials.resolve("github")
+
+
+def test_job__an_unusable_credential_pauses_it_with_the_reason(settings):
+    settings.DURABLE_CREDENTIALS = {"api": "tok\nrest-of-the-secret"}
+    job = drain(jobs.enqueue("test.needs_credential", {"token_ref": "api"}).pk)
+    assert job.state == "paused"
+    assert "control character" in job.reason
+    assert "rest-of-the-secret" not in job.reason
+
+
 def test_rotation__new_key_first_then_rotate_then_drop_the_old(settings):
     old, new = Fernet.generate_key().decode(), Fernet.generate_key().decode()
     settings.DURABLE_CREDENTIAL_KEY = old

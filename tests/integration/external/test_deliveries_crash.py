@@ -56,12 +56,14 @@ def test_webhook__crash_after_the_post_replays_it_with_the_same_key(workers, end
     assert keys(http_server) == [delivery.idempotency_key]
     delivery.refresh_from_db()
     assert delivery.state == "pending"  # the receiver has it; our record does not yet
+    assert delivery.possibly_sent  # …but the record says it may have gone out
 
     assert workers.run(env=env()).returncode == 0
     delivery.refresh_from_db()
     job = Job.objects.get(pk=delivery.job_id)
     assert (job.state, job.reclaims) == ("completed", 1)
     assert delivery.state == "delivered"
+    assert delivery.possibly_sent  # possibly delivered twice (same Idempotency-Key)
     # The replay carries the same key: the receiver can tell it is the same delivery.
     assert keys(http_server) == [delivery.idempotency_key] * 2
 
@@ -72,6 +74,7 @@ def test_webhook__crash_before_the_checkpoint_does_not_post_again(workers, endpo
     assert workers.run(faults="after_unit:1", env=env()).returncode == -signal.SIGKILL
     delivery.refresh_from_db()
     assert delivery.state == "delivered"  # recorded, checkpoint not yet advanced
+    assert not delivery.possibly_sent  # its answer was recorded: no doubt
     assert Job.objects.get(pk=delivery.job_id).checkpoint is None
     assert workers.run(env=env()).returncode == 0
     assert Job.objects.get(pk=delivery.job_id).state == "completed"

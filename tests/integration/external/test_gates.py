@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection, transaction
 from django.utils import timezone
 
-from durable.http import gates
+from durable.http import gates, network
 from durable.http.config import build
-from durable.http.errors import GateClosed
+from durable.http.errors import GateClosed, HttpRetryLater, TransactionOpen
 from durable.http.models import GateSlot, ProviderGate
 
-from ..servers import Reply, max_concurrency
+from ..servers import Reply
 
 pytestmark = pytest.mark.django_db
 
@@ -82,11 +85,65 @@ def test_client__a_closed_gate_sends_nothing(http_server, provider):
 
 def test_client__releases_its_slot_even_when_the_request_fails(http_server, provider):
     from durable.http.client import client
-    from durable.http.errors import HttpRetryLater
 
     provider(max_in_flight=1)
-    http_server.reply("/x", Reply(503))
-    with pytest.raises(HttpRetryLater):
+    http_server.reply("/busy", Reply(503))
+    http_server.reply("/reset", Reply(body=b"x" * 5000, reset_after=10))
+    for path in ("/busy", "/reset", "/busy"):  # K=1: each would be turned away if one leaked
+        with pytest.raises(HttpRetryLater):
+            client("test").request("GET", http_server.url(path))
+        assert not GateSlot.objects.exists()
+    assert len(http_server.requests()) == 3
+
+
+def test_client__refuses_to_run_inside_an_open_transaction(http_server, provider):
+    from durable.http.client import client
+
+    provider(max_in_flight=1)
+    with transaction.atomic(), pytest.raises(TransactionOpen, match="open transaction") as info:
         client("test").request("GET", http_server.url("/x"))
+    assert info.value.code == "non_retryable"  # a programming error: fail, do not retry
+    assert http_server.requests() == []
     assert not GateSlot.objects.exists()
-    assert max_concurrency(http_server.requests()) == 1
+    assert client("test").request("GET", http_server.url("/x")).status == 200  # outside: fine
+
+
+def test_lock_wait__is_bounded_by_the_deadline_and_a_cap():
+    assert gates.lock_wait(None) == gates.MAX_LOCK_WAIT
+    assert gates.lock_wait(30.0) == gates.MAX_LOCK_WAIT
+    assert gates.lock_wait(1.5) == 1.5
+    assert gates.lock_wait(-1.0) == gates.MIN_LOCK_WAIT
+
+
+@pytest.mark.django_db(transaction=True)  # another connection holds the gate's lock
+def test_acquire__a_gate_locked_by_a_stuck_transaction_closes_instead_of_blocking():
+    config = build("g", {"max_in_flight": 2, "gate_retry_seconds": 1})
+    gates.release(gates.acquire(config))  # the gate row exists
+    locked, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():  # SQLite: BEGIN IMMEDIATE takes the write lock
+                ProviderGate.objects.select_for_update().filter(provider="g").update(
+                    last_start_at=None
+                )
+                locked.set()
+                done.wait(10)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        started = time.monotonic()
+        with network.deadline(0.5), pytest.raises(GateClosed, match="stayed locked") as info:
+            gates.acquire(config)
+        waited = time.monotonic() - started
+        assert 0.4 <= waited < 2.0  # the deadline's 0.5 s, not until the holder lets go
+        assert info.value.consume_attempt is False
+        assert timezone.now() < info.value.at <= timezone.now() + timedelta(seconds=1.6)
+    finally:
+        done.set()
+        holder.join(10)
+    gates.release(gates.acquire(config))  # and the gate works again once it is free

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import gzip
+import logging
 import socket
 import time
+import traceback
 from datetime import timedelta
 from email.utils import format_datetime
 
+import httpx
 import pytest
 from django.utils import timezone
 
@@ -22,9 +25,23 @@ from durable.http.errors import (
     ResponseTooLarge,
     SsrfRefused,
     TransportFailed,
+    UndecodableBody,
 )
+from durable.policy import error_entry
 
 from ..servers import HttpServer, Reply, make_tls
+
+# A JWT-like bearer token of about 960 characters (the audit's case).
+LONG_TOKEN = "eyJhbGciOiJSUzI1NiJ9." + "eyJzdWIiOiJ1c2VyLTEyMyJ9" * 38 + ".c2lnbmF0dXJlLXBhcnQ"
+
+
+def pieces(secret: str, size: int = 12) -> list[str]:
+    """Every ``size``-character window of ``secret``: none may survive anywhere."""
+    return [secret[i : i + size] for i in range(0, len(secret) - size + 1)]
+
+
+def leaked(secret: str, *texts: str) -> list[str]:
+    return [piece for piece in pieces(secret) for text in texts if piece in text]
 
 
 def call(url: str, name: str = "test", **kwargs):
@@ -72,13 +89,17 @@ def test_total_timeout__a_slow_drip_cannot_keep_us_past_the_deadline(http_server
     assert record.bytes_sent < 100  # we stopped reading long before the body ended
 
 
-def test_total_timeout__covers_a_server_that_never_answers(http_server, provider):
+def test_total_timeout__covers_a_server_that_never_finishes_its_headers(http_server, provider):
     provider(total_timeout=1.0)
-    http_server.reply("/stall", Reply(delay=10))
+    # A header line every 100 ms, for 30 s: no read waits anywhere near the 1 s read
+    # timeout, so only the whole-exchange deadline can stop the client.
+    http_server.reply("/stall", Reply(drip_headers=0.1))
     started = time.monotonic()
-    with pytest.raises(HttpRetryLater, match="total timeout"):
+    with pytest.raises(HttpRetryLater, match="total timeout of 1s exceeded"):
         call(http_server.url("/stall"))
     assert time.monotonic() - started < 2.5
+    [record] = http_server.requests("/stall")
+    assert 3 <= record.bytes_sent < 25  # header lines did arrive, and we stopped early
 
 
 def test_connection_reset_mid_response__is_retryable(http_server, provider):
@@ -236,6 +257,81 @@ def test_body_limit__applies_after_decompression(http_server, provider):
     assert call(http_server.url("/gz")).content == b"fine"
 
 
+def test_error_status__a_large_body_is_classified_by_its_status(http_server, provider):
+    provider(max_body_bytes=10_000)
+    huge = b"busy " * 1_000_000  # 5 MB, declared in Content-Length
+    http_server.reply("/declared", Reply(503, {"Retry-After": "120"}, huge))
+    http_server.reply("/streamed", Reply(429, stream_bytes=50 * 1024 * 1024))
+    http_server.reply("/missing", Reply(404, body=huge))
+    with pytest.raises(HttpRetryLater) as info:
+        call(http_server.url("/declared"))
+    assert (info.value.status, info.value.source) == (503, "retry-after")  # not "too large"
+    assert info.value.excerpt.startswith("busy busy")
+    with pytest.raises(HttpRetryLater) as info:
+        call(http_server.url("/streamed"))
+    assert info.value.status == 429
+    [streamed] = http_server.requests("/streamed")
+    assert streamed.bytes_sent < 32 * 1024 * 1024  # an excerpt's worth read, then we hung up
+    with pytest.raises(HttpStatusError) as info:
+        call(http_server.url("/missing"))
+    assert info.value.status == 404
+    assert not isinstance(info.value, ResponseTooLarge)
+    # A status the caller accepts wants its body: there the limit applies.
+    with pytest.raises(ResponseTooLarge):
+        call(http_server.url("/missing"), accept=(404,))
+
+
+def test_gzip__a_corrupt_or_truncated_body_is_undecodable_not_a_retry(http_server, provider):
+    provider()
+    gzipped = {"Content-Encoding": "gzip"}
+    whole = gzip.compress(b"x" * 5000)
+    http_server.reply("/corrupt", Reply(200, gzipped, whole[:10] + b"\xff" * 40))
+    http_server.reply("/truncated", Reply(200, gzipped, whole[: len(whole) // 2]))
+    for path in ("/corrupt", "/truncated"):
+        with pytest.raises(UndecodableBody, match="undecodable response body") as info:
+            call(http_server.url(path))
+        assert isinstance(info.value, NonRetryable)
+        assert info.value.status == 200
+    # An error status is still classified by its status, whatever its body.
+    http_server.reply("/busy", Reply(503, gzipped, b"\x1f\x8b garbage"))
+    with pytest.raises(HttpRetryLater):
+        call(http_server.url("/busy"))
+    http_server.reply("/empty", Reply(204, gzipped, b""))  # nothing to decode is fine
+    assert call(http_server.url("/empty")).status == 204
+
+
+def test_pool_wait__is_cut_to_what_is_left_of_the_deadline(provider, make_client):
+    provider(follow_redirects=True, total_timeout=2)
+    seen: list[dict] = []
+
+    class Body(httpx.SyncByteStream):  # a stream, as a network transport returns
+        def __iter__(self):
+            yield b"ok"
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(dict(request.extensions["timeout"]))
+        if request.url.path == "/first":
+            time.sleep(0.4)
+            return httpx.Response(302, headers={"Location": "/second"}, stream=Body())
+        return httpx.Response(200, stream=Body())
+
+    client = make_client(transport=httpx.MockTransport(answer))
+    assert client.request("GET", "http://api.test/first").status == 200
+    first, second = seen
+    assert first["pool"] <= 2
+    # The second hop waits for a pooled connection at most for what is left of 2 s.
+    assert second["pool"] <= 2 - 0.4
+    assert all(value <= 2 - 0.4 for value in second.values())
+
+
+def test_logs__httpx_never_logs_the_url_and_its_query(http_server, provider, caplog):
+    caplog.set_level(logging.DEBUG)  # even with everything else at DEBUG
+    provider()
+    call(http_server.url("/x?token=q-secret-4242"))
+    assert "q-secret-4242" not in caplog.text
+    assert logging.getLogger("httpx").getEffectiveLevel() == logging.WARNING
+
+
 # --- SSRF guard ------------------------------------------------------------------------------
 
 
@@ -378,6 +474,61 @@ def test_redirect__every_hop_is_checked_when_following(http_server, provider, re
     assert call(http_server.url("/to-ok")).content == b"arrived"
 
 
+def test_redirect__credentials_never_follow_to_another_origin(http_server, provider):
+    other = HttpServer()  # another port: another origin
+    try:
+        provider(
+            follow_redirects=True,
+            auth_header="X-Partner",  # not named like a credential: dropped as the auth header
+            headers={"X-Auth-Token": "static-token-5678"},
+        )
+        key, signing = "partner-key-1234", "whsec-signing-9876"
+        http_server.reply("/start", Reply(302, {"Location": http_server.url("/again")}))
+        http_server.reply("/again", Reply(307, {"Location": other.url("/land")}))
+        call(
+            http_server.url("/start"),
+            method="POST",
+            content=b"{}",
+            headers={
+                "X-Partner": key,
+                "Authorization": f"Bearer {key}",
+                "X-Signature": f"t=1,v1={signing}",
+                "X-Tenant": f"acme {signing}",  # an innocent name carrying a secret
+                "Idempotency-Key": "idem-1",
+            },
+            secrets={key, signing},
+        )
+        [same] = http_server.requests("/again")
+        assert same.header("X-Partner") == key  # the same origin keeps what it was sent
+        [landed] = other.requests("/land")
+        for name in ("X-Partner", "Authorization", "X-Signature", "X-Tenant", "X-Auth-Token"):
+            assert landed.header(name) is None, name
+        assert not leaked(key, *landed.headers.values())
+        assert not leaked(signing, *landed.headers.values())
+        assert landed.header("Idempotency-Key") == "idem-1"
+    finally:
+        other.close()
+
+
+def test_redirect__an_invalid_location_is_a_redirect_not_a_protocol_error(http_server, provider):
+    provider()
+    provider("following", follow_redirects=True)
+    http_server.reply("/bad", Reply(302, {"Location": "http://[::1"}))
+    with pytest.raises(RedirectNotFollowed, match="not followed for this provider"):
+        call(http_server.url("/bad"))
+    with pytest.raises(RedirectNotFollowed, match="Location header is not a valid URL"):
+        call(http_server.url("/bad"), "following")
+
+
+def test_not_modified__is_no_redirect_and_is_returned_when_accepted(http_server, provider):
+    provider(follow_redirects=True)
+    http_server.reply("/etag", Reply(304, {"ETag": '"v1"'}, b""))
+    with pytest.raises(HttpStatusError, match="304: not modified") as info:
+        call(http_server.url("/etag"))
+    assert not isinstance(info.value, RedirectNotFollowed)
+    assert call(http_server.url("/etag"), accept=(304,)).status == 304
+
+
 # --- secrets ----------------------------------------------------------------------------------
 
 
@@ -397,6 +548,46 @@ def test_errors__redact_secrets_echoed_in_the_body(http_server, provider):
         )
     assert token not in str(info.value)
     assert "[redacted]" in str(info.value)
+
+
+def test_errors__no_piece_of_a_long_token_echoed_in_an_error_survives(http_server, provider):
+    provider()
+
+    def echo(record):
+        return Reply(401, body=f"denied: {record.header('Authorization')} (expired)".encode())
+
+    http_server.reply("/echo", echo)
+    with pytest.raises(HttpStatusError) as info:
+        call(
+            http_server.url("/echo"),
+            headers={"Authorization": f"Bearer {LONG_TOKEN}"},
+            secrets={LONG_TOKEN},
+        )
+    assert "[redacted]" in str(info.value)
+    assert not leaked(LONG_TOKEN, str(info.value), info.value.excerpt)
+
+
+def test_errors__a_token_cut_off_by_the_partial_read_is_dropped(http_server, provider):
+    provider()
+    # Spaces collapse to one, so the token's first characters would open the excerpt;
+    # the partial read (16 KiB of an error body) ends in the middle of the token.
+    body = b" " * (http_client.PARTIAL_BODY_BYTES - 200) + LONG_TOKEN.encode()
+    http_server.reply("/echo", Reply(503, body=body))
+    with pytest.raises(HttpRetryLater) as info:
+        call(http_server.url("/echo"), secrets={LONG_TOKEN})
+    assert not leaked(LONG_TOKEN, str(info.value), info.value.excerpt)
+
+
+def test_errors__a_header_h11_refuses_is_not_quoted_in_the_traceback(http_server, provider):
+    provider()
+    value = "Bearer tok-ctrl-char-secret\n"  # what a credential with a newline used to send
+    with pytest.raises(TransportFailed, match="invalid request") as info:
+        call(http_server.url("/x"), headers={"Authorization": value})
+    assert http_server.requests() == []
+    stored = error_entry(info.value, attempt=1, retryable=False, now=timezone.now())
+    shown = "".join(traceback.format_exception(info.value))
+    assert "tok-ctrl-char-secret" not in shown
+    assert "tok-ctrl-char-secret" not in str(stored)
 
 
 @pytest.mark.parametrize("url", ["http://[::1", "ftp://files.example.com/x", "mailto:a@b.c"])

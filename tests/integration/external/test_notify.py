@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 
 import pytest
+from django.core.mail.backends.base import BaseEmailBackend
 
 from durable import credential_store, jobs, notify, signals
 from durable.lease import claim
@@ -234,6 +236,70 @@ def test_webhook__cancel_marks_the_delivery_and_sends_nothing(
     assert http_server.requests() == []
 
 
+def test_webhook__a_timeout_after_posting_keeps_possibly_sent_through_exhaustion(
+    hooks, http_server, provider
+):
+    hooks()
+    provider("webhooks", total_timeout=0.5)
+    http_server.reply("/hook", Reply(200, delay=2))  # it has the POST; we never hear back
+    publish()
+    delivery = only_delivery()
+    Job.objects.filter(pk=delivery.job_id).update(max_attempts=2)
+    job = drain(delivery.job_id)
+    assert (job.state, job.error_code) == ("failed", "exhausted")
+    assert len(http_server.requests("/hook")) == 2
+    delivery.refresh_from_db()
+    assert (delivery.state, delivery.possibly_sent) == ("exhausted", True)
+
+
+def test_webhook__an_answer_or_a_refused_connection_leaves_no_doubt(hooks, http_server):
+    with socket.socket() as probe:  # a port nobody listens on: connection refused
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    hooks("refused", url=f"http://127.0.0.1:{closed}/hook")
+    hooks("answers")
+    http_server.reply("/hook", Reply(503))
+    publish()
+    for delivery in Delivery.objects.all():
+        run_once(delivery.job_id)
+    records = {d.endpoint.name: d for d in Delivery.objects.select_related("endpoint")}
+    assert (records["refused"].state, records["refused"].possibly_sent) == ("pending", False)
+    assert (records["answers"].state, records["answers"].possibly_sent) == ("pending", False)
+    assert records["answers"].status_code == 503
+    http_server.reply("/hook", Reply(200))
+    assert drain(records["answers"].job_id).state == "completed"
+    delivered = Delivery.objects.get(pk=records["answers"].pk)
+    assert (delivered.state, delivered.possibly_sent) == ("delivered", False)
+
+
+def test_webhook__a_pause_before_sending_leaves_no_doubt(hooks, http_server, provider):
+    hooks()
+    provider("webhooks", auth_credential="partner-token")  # nobody configured it
+    publish()
+    job = drain(only_delivery().job_id)
+    assert job.state == "paused"
+    assert "partner-token" in job.reason
+    assert http_server.requests() == []
+    delivery = only_delivery()
+    assert (delivery.state, delivery.possibly_sent) == ("pending", False)
+
+
+def test_webhook__cancel_keeps_the_doubt_of_a_post_never_recorded(
+    hooks, http_server, django_capture_on_commit_callbacks
+):
+    hooks()
+    publish()
+    delivery = only_delivery()
+    # What a worker killed right after its POST leaves behind (test_deliveries_crash
+    # proves the real crash does): marked before posting, outcome never recorded.
+    Delivery.objects.filter(pk=delivery.pk).update(possibly_sent=True)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert jobs.cancel(delivery.job_id, actor="ops").applied
+    delivery.refresh_from_db()
+    assert (delivery.state, delivery.possibly_sent) == ("cancelled", True)
+    assert "may have been sent" in delivery.last_error
+
+
 def test_webhook__pause_during_backoff_holds_until_resumed(hooks, http_server):
     hooks()
     http_server.reply("/hook", Reply(503, {"Retry-After": "1"}), Reply(200))
@@ -352,3 +418,51 @@ def test_mail__cancel_marks_the_record_and_sends_nothing(
     assert mail.state == "cancelled"
     assert drain(mail.job_id).state == "cancelled"
     assert smtp_server.messages == []
+
+
+def test_mail__cancel_while_sending_keeps_possibly_sent(
+    recipient, smtp_server, django_capture_on_commit_callbacks
+):
+    publish()
+    mail = MailDelivery.objects.get()
+    MailDelivery.objects.filter(pk=mail.pk).update(state="sending", send_attempts=1)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert jobs.cancel(mail.job_id, actor="ops").applied
+    mail.refresh_from_db()
+    assert (mail.state, mail.possibly_sent) == ("cancelled", True)
+    assert "may have been sent" in mail.last_error
+
+
+def test_mail__exhausted_after_a_dropped_connection_says_possibly_sent(
+    recipient, smtp_server, django_capture_on_commit_callbacks
+):
+    smtp_server.replies = ["drop"]  # the server takes the message and hangs up
+    publish()
+    mail = MailDelivery.objects.get()
+    Job.objects.filter(pk=mail.job_id).update(max_attempts=1)
+    with django_capture_on_commit_callbacks(execute=True):  # the engine signals after commit
+        job = drain(mail.job_id)
+    assert (job.state, job.error_code) == ("failed", "exhausted")
+    assert len(smtp_server.messages) == 1  # it did go out
+    mail.refresh_from_db()
+    assert (mail.state, mail.possibly_sent) == ("exhausted", True)
+
+
+class SendsNothing(BaseEmailBackend):
+    """An email backend that reports 0 messages sent (as a filtering backend may)."""
+
+    def send_messages(self, email_messages):
+        return 0
+
+
+def test_mail__a_backend_that_sends_nothing_is_not_recorded_as_sent(settings):
+    settings.EMAIL_BACKEND = f"{__name__}.SendsNothing"
+    MailRecipient.objects.create(name="oncall", email="oncall@example.com")
+    publish()
+    mail = MailDelivery.objects.get()
+    Job.objects.filter(pk=mail.job_id).update(max_attempts=1)
+    job = drain(mail.job_id)
+    assert (job.state, job.error_code) == ("failed", "exhausted")
+    mail.refresh_from_db()
+    assert (mail.state, mail.possibly_sent) == ("exhausted", False)
+    assert "sent nothing" in mail.last_error
