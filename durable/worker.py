@@ -43,9 +43,19 @@ from .states import JobState
 log = logging.getLogger("durable.worker")
 
 
-def default_worker_id() -> str:
-    """host:pid:random — a restarted process never inherits a dead one's identity."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+MAX_WORKER_ID_PREFIX = 150  # leaves room for the suffix in the 200-character lease_owner
+
+
+def default_worker_id(prefix: str | None = None) -> str:
+    """``prefix:random`` (default prefix ``host:pid``), fresh for every process start.
+
+    A restarted pod or container started with the same ``--worker-id`` never
+    inherits the dead process's identity: its leases, its registry row, its
+    "stopped" mark. 48 random bits keep a crash-looping pod clear of collisions
+    with the rows its earlier starts left behind.
+    """
+    prefix = prefix or f"{socket.gethostname()}:{os.getpid()}"
+    return f"{prefix[:MAX_WORKER_ID_PREFIX]}:{secrets.token_hex(6)}"
 
 
 @dataclass

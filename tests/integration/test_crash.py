@@ -19,7 +19,7 @@ from django.db import connection
 from django.utils import timezone
 
 from durable import jobs
-from durable.models import Job
+from durable.models import Job, WorkerProcess
 from tests.conftest import wait_until
 from tests.testapp.models import SideEffect
 
@@ -47,6 +47,21 @@ def test_worker__runs_jobs_to_completion(workers):
     assert proc.returncode == 0, workers.log(proc)
     assert set(Job.objects.filter(pk__in=created).values_list("state", flat=True)) == {"completed"}
     assert SideEffect.objects.count() == 15
+
+
+def test_worker_id__a_restart_with_the_same_id_gets_a_fresh_identity(workers):
+    """A pod restarted with a fixed --worker-id must start, not die on the registry's key."""
+    jobs.enqueue("test.rows", {"units": 1})
+    first = workers.run("--worker-id", "pod-1")
+    assert first.returncode == 0, workers.log(first)
+    jobs.enqueue("test.rows", {"units": 1})
+    second = workers.run("--worker-id", "pod-1")
+    assert second.returncode == 0, workers.log(second)
+    ids = list(WorkerProcess.objects.values_list("worker_id", flat=True))
+    assert len(set(ids)) == 2
+    assert all(worker_id.startswith("pod-1:") for worker_id in ids)
+    owners = set(Job.objects.values_list("events__data__worker", flat=True)) - {None}
+    assert owners == set(ids)  # each start claimed under its own identity
 
 
 def test_crash_before_checkpoint__repeats_that_one_unit_not_the_job(workers, tmp_path):
