@@ -200,7 +200,12 @@ class UnitResult(models.Model):
 
 
 class WorkerProcessQuerySet(models.QuerySet):
-    def alive(self, now: datetime, within: timedelta) -> WorkerProcessQuerySet:
+    def not_stopped(self, now: datetime, within: timedelta) -> WorkerProcessQuerySet:
+        """Not known to have exited, and heard from within ``within``: liveness candidates.
+
+        Whether one is alive depends on its own ``lease_seconds``
+        (``durable.policy.worker_alive``); ``within`` only bounds the rows read.
+        """
         return self.filter(stopped_at__isnull=True, heartbeat_at__gte=now - within)
 
 
@@ -213,6 +218,8 @@ class WorkerProcess(models.Model):
     host_key = models.CharField(max_length=100, blank=True, default="")
     queues = models.JSONField(default=list)
     concurrency = models.PositiveSmallIntegerField(default=1)
+    # Its heartbeat comes every third of this; liveness is judged against it.
+    lease_seconds = models.FloatField(default=30.0)
     started_at = models.DateTimeField(default=timezone.now)
     heartbeat_at = models.DateTimeField(default=timezone.now)
     stopped_at = models.DateTimeField(null=True, blank=True)

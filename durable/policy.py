@@ -13,6 +13,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 MAX_ERROR_HISTORY = 20
+# A worker beats every third of *its own* lease; one silent for twice that lease
+# has certainly stopped renewing (its leases are gone too).
+WORKER_ALIVE_LEASES = 2.0
 MAX_ERROR_MESSAGE_BYTES = 2 * 1024
 MAX_TRACEBACK_BYTES = 4 * 1024
 TRUNCATION_MARK = "… [truncated]"
@@ -89,6 +92,17 @@ def append_bounded(history: list[dict] | None, entry: dict, limit: int = MAX_ERR
     """Keep the newest ``limit`` entries: the first failures matter less than the last."""
     items = [*(history or []), entry]
     return items[-limit:]
+
+
+def worker_alive(*, heartbeat_at: datetime, lease_seconds: float, now: datetime) -> bool:
+    """Whether a worker that last beat at ``heartbeat_at`` still counts as running.
+
+    Judged by the worker's own lease, not the observer's: a new worker started
+    with ``--lease-seconds 10`` must not declare dead a peer running with 90 s
+    leases that beats every 30 s (and then fail the jobs it left queued).
+    """
+    window = timedelta(seconds=max(lease_seconds, 0.0) * WORKER_ALIVE_LEASES)
+    return heartbeat_at >= now - window
 
 
 _DURATION = re.compile(r"^\s*(\d+)\s*(s|m|h|d|w)?\s*$", re.IGNORECASE)

@@ -27,14 +27,17 @@ from django.utils import timezone
 
 from . import signals
 from .jobs import add_events, announce_change
-from .lease import db_now
+from .lease import database_now, db_now
 from .models import Job, UnitResult, WorkerProcess
-from .policy import append_bounded
+from .policy import append_bounded, worker_alive
 from .states import LEASED_STATES, JobState, OnRestart, RestartOutcome, on_restart
 
 log = logging.getLogger("durable.rescue")
 
 RECLAIM_BATCH = 200
+# Rows heard from longer ago than this are not read when judging liveness
+# (twice the longest lease runworker accepts).
+LIVENESS_HORIZON = timedelta(days=2)
 
 
 @cache
@@ -72,6 +75,22 @@ class StartupReport:
     reclaimed: list[int] = field(default_factory=list)
 
 
+def _gone_here(worker: WorkerProcess) -> bool:
+    """The worker ran in this PID space and its process no longer exists."""
+    mine = host_key()
+    return bool(mine) and worker.host_key == mine and not pid_alive(worker.pid)
+
+
+def any_worker_alive(now: datetime) -> bool:
+    """Is some registered worker still running? Each is judged by its own lease."""
+    candidates = WorkerProcess.objects.not_stopped(now, LIVENESS_HORIZON)
+    return any(
+        worker_alive(heartbeat_at=w.heartbeat_at, lease_seconds=w.lease_seconds, now=now)
+        and not _gone_here(w)
+        for w in candidates
+    )
+
+
 def register_worker(
     worker_id: str, *, queues: list[str], concurrency: int, lease_seconds: float
 ) -> tuple[bool, datetime | None]:
@@ -79,51 +98,50 @@ def register_worker(
 
     Serialised so that of several workers starting together exactly one sees a
     cold start. ``boundary`` is when the previous fleet was last seen alive: jobs
-    queued before it were left over by that fleet.
+    queued before it were left over by that fleet. Heartbeats and "now" are on
+    the database clock on PostgreSQL, so workers on machines with skewed clocks
+    still agree on who is alive.
     """
-    now = timezone.now()
     with transaction.atomic():
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_xact_lock(%s)", [0x64757261626C65])
-        alive = WorkerProcess.objects.alive(now, timedelta(seconds=lease_seconds)).exists()
+        now = database_now()
+        alive = any_worker_alive(now)
         boundary = None
         if not alive:
             boundary = WorkerProcess.objects.aggregate(last=Max("heartbeat_at"))["last"]
-        WorkerProcess.objects.create(
-            worker_id=worker_id,
-            hostname=socket.gethostname()[:255],
-            pid=os.getpid(),
-            host_key=host_key(),
-            queues=queues,
-            concurrency=concurrency,
-            started_at=now,
-            heartbeat_at=now,
-        )
+        _register(worker_id, now, queues=queues, concurrency=concurrency, lease=lease_seconds)
     return not alive, boundary
 
 
-def register_inline(worker_id: str) -> None:
-    """A process running one job by hand: known for fast reclaim, no startup recovery."""
-    now = timezone.now()
+def _register(
+    worker_id: str, now: datetime, *, queues: list[str], concurrency: int, lease: float
+) -> None:
     WorkerProcess.objects.create(
         worker_id=worker_id,
         hostname=socket.gethostname()[:255],
         pid=os.getpid(),
         host_key=host_key(),
-        queues=[],
-        concurrency=1,
+        queues=queues,
+        concurrency=concurrency,
+        lease_seconds=lease,
         started_at=now,
         heartbeat_at=now,
     )
 
 
+def register_inline(worker_id: str, *, lease_seconds: float) -> None:
+    """A process running one job by hand: known for fast reclaim, no startup recovery."""
+    _register(worker_id, database_now(), queues=[], concurrency=1, lease=lease_seconds)
+
+
 def heartbeat(worker_id: str) -> None:
-    WorkerProcess.objects.filter(worker_id=worker_id).update(heartbeat_at=timezone.now())
+    WorkerProcess.objects.filter(worker_id=worker_id).update(heartbeat_at=db_now())
 
 
 def mark_stopped(worker_id: str) -> None:
-    WorkerProcess.objects.filter(worker_id=worker_id).update(stopped_at=timezone.now())
+    WorkerProcess.objects.filter(worker_id=worker_id).update(stopped_at=db_now())
 
 
 def _dead_owners(me: str) -> list[str]:
@@ -142,12 +160,11 @@ def _dead_owners(me: str) -> list[str]:
     if not owners:
         return []
     dead = []
-    mine = host_key()
     for worker in WorkerProcess.objects.filter(worker_id__in=owners):
         if worker.stopped_at is not None:
             dead.append(worker.worker_id)
-        elif mine and worker.host_key == mine and not pid_alive(worker.pid):
-            WorkerProcess.objects.filter(pk=worker.pk).update(stopped_at=timezone.now())
+        elif _gone_here(worker):
+            WorkerProcess.objects.filter(pk=worker.pk).update(stopped_at=db_now())
             dead.append(worker.worker_id)
     return dead
 

@@ -211,7 +211,7 @@ class Worker:
         started = time.monotonic()
         job = Job.objects.get(pk=job_id)
         get_operation(job.operation)  # fail fast if this process cannot run it
-        rescue.register_inline(self.worker_id)
+        rescue.register_inline(self.worker_id, lease_seconds=self.lease_seconds)
         renewer = threading.Thread(target=self._renew_loop, name="durable-renewer", daemon=True)
         renewer.start()
         try:

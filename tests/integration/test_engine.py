@@ -482,6 +482,24 @@ def test_restart_policy__a_worker_joining_live_peers_is_not_a_cold_start():
     assert job.state == "queued"
 
 
+def test_restart_policy__a_peer_with_a_longer_lease_is_alive_between_its_heartbeats():
+    # The peer runs with 90 s leases and beats every 30 s; 20 s of silence is normal.
+    WorkerProcess.objects.create(
+        worker_id="slow-peer",
+        hostname="h",
+        pid=1,
+        lease_seconds=90,
+        heartbeat_at=timezone.now() - timedelta(seconds=20),
+    )
+    job = jobs.enqueue("test.rows", {}, on_restart="fail")
+    Job.objects.filter(pk=job.pk).update(created_at=timezone.now() - timedelta(minutes=1))
+    report = rescue.recover_at_startup("fresh", queues=["default"], concurrency=1, lease_seconds=10)
+    assert not report.cold_start
+    job.refresh_from_db()
+    assert job.state == "queued"  # not failed with server_restarted under a live peer
+    assert WorkerProcess.objects.get(worker_id="fresh").lease_seconds == 10
+
+
 def test_restart_policy__a_dead_local_worker_is_reclaimed_without_waiting_for_its_lease():
     WorkerProcess.objects.create(
         worker_id="crashed", hostname="h", pid=2**22 + 12345, host_key=rescue.host_key()

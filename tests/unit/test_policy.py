@@ -15,6 +15,7 @@ from durable.policy import (
     parse_duration,
     redact,
     truncate_utf8,
+    worker_alive,
 )
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -153,3 +154,19 @@ def test_may_start__table(access: str, privileged: bool, allowed: bool):
     op = _Op()
     op.access = access
     assert may_start(op, privileged=privileged) is allowed
+
+
+@pytest.mark.parametrize(
+    ("silent_for", "lease_seconds", "alive"),
+    [
+        (0, 30, True),  # just beat
+        (20, 90, True),  # a 90 s-lease peer beats every 30 s: 20 s of silence is normal
+        (21, 10, False),  # a 10 s-lease peer beats every 3.3 s: over two leases silent
+        (59, 30, True),  # one late beat is tolerated: the margin is a whole extra lease
+        (61, 30, False),
+        (1, 0.3, False),  # short test leases shrink the window with them
+    ],
+)
+def test_worker_alive__judged_by_the_worker_s_own_lease(silent_for, lease_seconds, alive):
+    heartbeat_at = NOW - timedelta(seconds=silent_for)
+    assert worker_alive(heartbeat_at=heartbeat_at, lease_seconds=lease_seconds, now=NOW) is alive
