@@ -75,10 +75,15 @@ class _Dialect:
         # (atomic) still brackets them.
         p = "%s" if self.pg else "?"
         pj = f"{p}::jsonb" if self.pg else p
+        # The commit also extends the lease (one statement instead of a commit
+        # plus a renewal): a unit that ran for most of a lease, or an atomic unit
+        # whose fence() renewal was invisible to peers until now, leaves with a
+        # full lease. NULL seconds keep the expiry as it is.
+        later = f"clock_timestamp() + make_interval(secs => {p})" if self.pg else p
         self.commit_sql = (
             f"UPDATE {self.table} SET checkpoint = {pj}, units_done = units_done + 1, "
             f"units_total = COALESCE({p}, units_total), updated_at = {p}, "
-            f"event_seq = event_seq + {p} "
+            f"event_seq = event_seq + {p}, lease_expires_at = COALESCE({later}, lease_expires_at) "
             f"WHERE id = {p} AND lease_owner = {p} AND lease_epoch = {p} "
             f"AND state IN ({leased}) RETURNING state, event_seq"
         )
@@ -86,11 +91,21 @@ class _Dialect:
             f"INSERT INTO {self.results} (job_id, key, result, created_at) "
             f"VALUES ({p}, {p}, {pj}, {p}) ON CONFLICT (job_id, key) DO NOTHING"
         )
+        held = f"id = %s AND lease_owner = %s AND lease_epoch = %s AND state IN ({leased})"
         self.renew_sql = (
             f"UPDATE {self.table} SET lease_expires_at = {self.later_sql} "
-            f"WHERE id = %s AND lease_owner = %s AND lease_epoch = %s "
-            f"AND state IN ({leased}) RETURNING state"
+            f"WHERE {held} RETURNING state"
         )
+        # The renewal thread's form: never waits for a row lock. The one lock it
+        # could meet is its own process's atomic unit holding the row (fence());
+        # waiting for it would stall every other lease and the heartbeat.
+        self.renew_nowait_sql = (
+            f"UPDATE {self.table} SET lease_expires_at = {self.later_sql} WHERE id = "
+            f"(SELECT id FROM {self.table} WHERE {held} FOR UPDATE SKIP LOCKED) RETURNING state"
+            if self.pg
+            else self.renew_sql
+        )
+        self.held_sql = f"SELECT state FROM {self.table} WHERE {held}"
 
     @property
     def now_sql(self) -> str:
@@ -214,6 +229,30 @@ def renew(lease: Lease, lease_seconds: float) -> str | None:
     return row[0] if row else None
 
 
+BUSY = "busy"  # renew_unless_busy: the row is locked; the lease is still ours
+
+
+def renew_unless_busy(lease: Lease, lease_seconds: float) -> str | None:
+    """``renew`` for the renewal thread: returns BUSY instead of waiting for a row lock.
+
+    A locked row is one a transaction is changing right now — this process's
+    own atomic unit (which renewed the lease in fence() and renews it again
+    when it commits) or, briefly, an operator action — so skipping this round
+    loses nothing. SQLite has no row locks; its writers queue for the one lock.
+    """
+    d = _dialect()
+    params = [*d.later(timezone.now(), lease_seconds), lease.job_id, lease.owner, lease.epoch]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(d.renew_nowait_sql, params)
+        row = cursor.fetchone()
+        if row is None and d.pg:
+            # Not renewed: lost, or merely locked? A plain read never waits.
+            cursor.execute(d.held_sql, [lease.job_id, lease.owner, lease.epoch])
+            if cursor.fetchone() is not None:
+                return BUSY
+    return row[0] if row else None
+
+
 def fence(lease: Lease, lease_seconds: float) -> str:
     """Inside a transaction: renew and lock the job row, or raise LeaseLost.
 
@@ -245,12 +284,14 @@ def commit_unit(
     checkpoint: Any,
     units_total: int | None,
     events: list[tuple[str, str, dict]] | None = None,
+    lease_seconds: float | None = None,
 ) -> str:
-    """Step 4: advance the checkpoint, store the unit's result and its events.
+    """Step 4 (and 5's renewal): advance the checkpoint, store the result and events.
 
     One transaction, conditional on the lease: returns the job's state after
     the commit (running, or paused/cancelling if an operator asked meanwhile)
-    or raises LeaseLost and writes nothing.
+    or raises LeaseLost and writes nothing. With ``lease_seconds`` the same
+    statement extends the lease.
     """
     encoded = _encode(result)
     if len(encoded) > MAX_RESULT_BYTES:  # ASCII-only: characters are bytes
@@ -259,8 +300,15 @@ def commit_unit(
             f"keep it under {MAX_RESULT_BYTES} bytes"
         )
     d = _dialect()
-    now = connection.ops.adapt_datetimefield_value(timezone.now())
-    params = [_encode(checkpoint), units_total, now, len(events or ())]
+    moment = timezone.now()
+    now = connection.ops.adapt_datetimefield_value(moment)
+    if lease_seconds is None:
+        expiry = None
+    elif d.pg:
+        expiry = lease_seconds
+    else:
+        expiry = connection.ops.adapt_datetimefield_value(moment + timedelta(seconds=lease_seconds))
+    params = [_encode(checkpoint), units_total, now, len(events or ()), expiry]
     params += [lease.job_id, lease.owner, lease.epoch]
     with transaction.atomic():
         connection.ensure_connection()

@@ -1,10 +1,11 @@
 """Restart recovery: take jobs back from workers that stopped, per their on_restart policy.
 
 Runs when a worker starts (before it claims anything) and periodically while
-it runs, in every worker process, so there is no single rescuer that can
-itself stall. Each reclaim is one conditional transaction on the job's
-observed lease epoch: two rescuers racing over the same job apply the policy
-once.
+it runs (on the worker's housekeeping thread, never the one renewing its own
+leases), in every worker process, so there is no single rescuer that can
+itself stall; it skips rows another transaction has locked instead of
+waiting. Each reclaim is one conditional transaction on the job's observed
+lease epoch: two rescuers racing over the same job apply the policy once.
 
 A lease is reclaimable when it expired, or — without waiting — when its
 owner ran in this same process space (same boot, same PID namespace) and
@@ -195,11 +196,18 @@ def reclaim(me: str, *, limit: int = RECLAIM_BATCH) -> list[int]:
 def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str) -> bool:
     now = timezone.now()
     with transaction.atomic():
+        # SKIP LOCKED: a locked row is being changed right now — typically its
+        # holder's atomic unit, alive (its commit renews the lease) or stalled
+        # (PostgreSQL ends that session after PG_IDLE_IN_TRANSACTION_TIMEOUT).
+        # Either way waiting here would only stall this rescuer; the next round
+        # looks again.
         job = (
-            Job.objects.select_for_update().filter(condition, pk=job_id, lease_epoch=epoch).first()
+            Job.objects.select_for_update(skip_locked=True)
+            .filter(condition, pk=job_id, lease_epoch=epoch)
+            .first()
         )
         if job is None:
-            return False  # renewed, finished or reclaimed by a peer meanwhile
+            return False  # locked, renewed, finished or reclaimed by a peer meanwhile
         old, previous = job.state, job.lease_owner
         outcome = on_restart(job.state, job.on_restart)
         fields: dict = {"lease_owner": None, "lease_expires_at": None, "updated_at": now}

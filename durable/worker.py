@@ -1,9 +1,12 @@
 """The worker: claims due jobs, runs their units in the SPEC §2 order, renews leases.
 
 ``python manage.py runworker`` builds a ``Worker`` and calls ``run()``. Each of
-``concurrency`` threads claims one job at a time; one more thread renews every
-lease this process holds, beats the worker's heartbeat, and periodically
-reclaims jobs of stopped workers. Scale out with more processes (on one or
+``concurrency`` threads claims one job at a time. One more thread renews every
+lease this process holds and beats the worker's heartbeat, and does nothing
+else, so nothing can stall it: it never waits for a row lock (an atomic unit
+of ours may hold one) and never runs signal receivers. A third thread does the
+housekeeping that may be slow — reclaiming jobs of stopped workers, the
+``worker_heartbeat`` signal's chores. Scale out with more processes (on one or
 many machines sharing PostgreSQL), not more threads: units are mostly I/O,
 and processes isolate crashes.
 """
@@ -66,6 +69,13 @@ class Execution:
     ctx: JobContext
     op: Operation
     unit_started: float | None = None
+    # Inside an atomic unit: its transaction holds the job's row (PostgreSQL: the
+    # row lock; SQLite: the write lock) and renewed the lease in fence(); the
+    # commit renews it again, so the renewal thread leaves it alone.
+    in_atomic: bool = False
+    # Settling the job (complete, release, failure): a renewal that finds the
+    # lease gone now is the settlement, not a lost lease.
+    finishing: bool = False
     observed_state: str = JobState.RUNNING
     lost: bool = False
     timed_out: bool = False
@@ -126,6 +136,10 @@ class Worker:
         connection.close()
         renewer = threading.Thread(target=self._renew_loop, name="durable-renewer", daemon=True)
         renewer.start()
+        keeper = threading.Thread(
+            target=self._housekeeping_loop, name="durable-housekeeping", daemon=True
+        )
+        keeper.start()
         threads = [
             threading.Thread(target=self._executor_loop, name=f"durable-{n}", daemon=True)
             for n in range(self.concurrency)
@@ -150,6 +164,7 @@ class Worker:
                 thread.join(timeout=0.1)
         self.finished.set()
         renewer.join(timeout=5)
+        keeper.join(timeout=5)
         try:
             rescue.mark_stopped(self.worker_id)
         finally:
@@ -329,12 +344,15 @@ class Worker:
                     return
                 self._run_unit(execution, unit)
             faults.reach("before_complete")
+            execution.finishing = True
             leases.complete(lease)
         except LeaseLost as exc:
             log.warning("lease lost; abandoning job", extra={"job": job.pk, "detail": str(exc)})
         except Unavailable as exc:
+            execution.finishing = True
             self._settle_failure(leases.pause_unavailable, lease, str(exc))
         except Exception as exc:
+            execution.finishing = True
             self._fail(execution, exc)
         finally:
             if units is not None and hasattr(units, "close"):
@@ -347,14 +365,17 @@ class Worker:
         if execution.lost:
             raise LeaseLost(f"job {execution.lease.job_id}: renewal found the lease gone")
         if execution.observed_state in (JobState.PAUSED, JobState.CANCELLING):
+            execution.finishing = True
             state = leases.settle(execution.lease)
             if state == JobState.RUNNING:  # resumed while we were busy
+                execution.finishing = False
                 execution.observed_state = state
                 if not self.stopping.is_set():
                     execution.ctx.stop_requested.clear()
                 return False
             return True
         if self.stopping.is_set():
+            execution.finishing = True
             leases.release(execution.lease)
             return True
         return False
@@ -365,6 +386,7 @@ class Worker:
         execution.unit_started = time.monotonic()
         try:
             if op.atomic_units:
+                execution.in_atomic = True
                 with transaction.atomic():
                     leases.fence(lease, self.lease_seconds)
                     result = self._unit_body(execution, unit)
@@ -374,6 +396,7 @@ class Worker:
                 state = self._commit(execution, unit, result)
         finally:
             execution.unit_started = None
+            execution.in_atomic = False
         faults.reach("after_checkpoint")
         ctx.checkpoint = unit.checkpoint
         ctx.units_done += 1
@@ -410,6 +433,7 @@ class Worker:
             checkpoint=unit.checkpoint,
             units_total=ctx.units_total,
             events=events,
+            lease_seconds=self.lease_seconds,
         )
 
     # --- failures -----------------------------------------------------------------
@@ -455,9 +479,28 @@ class Worker:
         except LeaseLost as exc:
             log.warning("lease lost while recording an outcome", extra={"detail": str(exc)})
 
-    # --- lease renewal ------------------------------------------------------------
+    # --- lease renewal and housekeeping --------------------------------------------
 
     def _renew_loop(self) -> None:
+        """Renew every lease and beat the heartbeat, every third of a lease; nothing else."""
+        interval = max(self.lease_seconds / 3.0, 0.05)
+        try:
+            while not self.finished.wait(interval):
+                close_old_connections()
+                try:
+                    self._renew_all()
+                    rescue.heartbeat(self.worker_id)
+                except Exception:
+                    log.exception("lease renewal round failed", extra={"worker": self.worker_id})
+        finally:
+            connection.close()
+
+    def _housekeeping_loop(self) -> None:
+        """The periodic work that may be slow: the heartbeat signal's chores and reclaims.
+
+        Kept off the renewal thread: a reclaim may wait for a peer's row lock, a
+        receiver may enqueue jobs, and neither may delay this process's renewals.
+        """
         interval = max(self.lease_seconds / 3.0, 0.05)
         reclaim_every = max(self.lease_seconds / 2.0, 0.1)
         next_reclaim = time.monotonic() + reclaim_every * random.uniform(0.5, 1.0)
@@ -465,14 +508,12 @@ class Worker:
             while not self.finished.wait(interval):
                 close_old_connections()
                 try:
-                    self._renew_all()
-                    rescue.heartbeat(self.worker_id)
                     signals.send_now(signals.worker_heartbeat, worker_id=self.worker_id)
                     if time.monotonic() >= next_reclaim and not self.stopping.is_set():
                         rescue.reclaim(self.worker_id)
                         next_reclaim = time.monotonic() + reclaim_every * random.uniform(0.8, 1.2)
                 except Exception:
-                    log.exception("lease renewal round failed", extra={"worker": self.worker_id})
+                    log.exception("housekeeping round failed", extra={"worker": self.worker_id})
         finally:
             connection.close()
 
@@ -490,8 +531,14 @@ class Worker:
                         extra={"job": execution.lease.job_id, "unit_timeout": timeout},
                     )
                 continue
-            state = leases.renew(execution.lease, self.lease_seconds)
+            if execution.in_atomic:
+                continue  # its own transaction holds the row and renews on commit
+            state = leases.renew_unless_busy(execution.lease, self.lease_seconds)
+            if state == leases.BUSY:
+                continue
             if state is None:
+                if execution.finishing:
+                    continue  # completed, released or failed just now: not a lost lease
                 execution.lost = True
                 execution.ctx.stop_requested.set()
                 log.warning("lease lost", extra={"job": execution.lease.job_id})

@@ -142,6 +142,110 @@ def test_stale_worker__cannot_advance_the_checkpoint_after_its_lease_expired(wor
     assert done_lines(out)["u1"] == 2  # the stale worker's side effect, then the replay
 
 
+def begin_lines(path: Path) -> Counter:
+    return Counter(
+        line.split()[2] for line in path.read_text().splitlines() if line.startswith("begin ")
+    )
+
+
+def test_renewal__a_unit_longer_than_the_lease_keeps_its_job(workers, tmp_path):
+    """Only the background renewal keeps a 3 s unit's 1 s lease alive while a peer looks on."""
+    out = tmp_path / "side-effects.log"
+    job = jobs.enqueue("test.append", {"units": 2, "path": str(out), "sleep": 3})
+    holder = workers.start("--burst", lease=1.0)
+    wait_until(lambda: out.exists())  # u0 has begun
+    peer = workers.start(lease=1.0)  # claims nothing (the job is leased); reclaims every 0.5 s
+    assert holder.wait(timeout=60) == 0, workers.log(holder)
+    peer.send_signal(signal.SIGTERM)
+    assert peer.wait(timeout=10) == 0, workers.log(peer)
+    job.refresh_from_db()
+    assert job.state == "completed"
+    assert job.reclaims == 0, workers.log(peer)
+    assert begin_lines(out) == {"u0": 1, "u1": 1}  # one begin per unit: never run twice
+    assert done_lines(out) == {"u0": 1, "u1": 1}
+    assert job.events.filter(kind="started").count() == 1
+
+
+PG_ONLY = pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason="PostgreSQL row locks; on SQLite a long atomic unit holds the database's one "
+    "write lock and every writer waits for it (README: keep atomic units short)",
+)
+
+
+@PG_ONLY
+def test_renewal__an_atomic_unit_holding_its_row_does_not_stall_other_leases(workers, tmp_path):
+    """The renewal thread must not wait for the row lock its own process's atomic unit holds:
+    meanwhile the process's other leases and its heartbeat must stay fresh."""
+    out = tmp_path / "side-effects.log"
+    other = jobs.enqueue("test.append", {"units": 2, "path": str(out), "sleep": 2})
+    atomic = jobs.enqueue("test.rows", {"units": 1, "sleep": 4})
+    holder = workers.start("--burst", "--concurrency", "2", lease=1.0)
+    wait_until(
+        lambda: set(Job.objects.values_list("state", flat=True)) == {"running"} and out.exists()
+    )
+    lapsed, silent = [], []
+    while holder.poll() is None:
+        with connection.cursor() as cursor:  # on the database clock, as leases are written
+            cursor.execute(
+                "SELECT count(*) FROM durable_job WHERE id = %s AND state = 'running' "
+                "AND lease_expires_at < clock_timestamp()",
+                [other.pk],
+            )
+            lapsed.append(cursor.fetchone()[0])
+            cursor.execute(
+                "SELECT extract(epoch FROM clock_timestamp() - heartbeat_at) "
+                "FROM durable_workerprocess WHERE pid = %s",
+                [holder.pid],
+            )
+            silent.append(float(cursor.fetchone()[0]))
+        time.sleep(0.05)
+    assert holder.returncode == 0, workers.log(holder)
+    assert not any(lapsed), "the other job's lease lapsed while the atomic unit ran"
+    assert max(silent) < 2.0, f"the heartbeat went silent for {max(silent):.1f}s"
+    for job in (atomic, other):
+        job.refresh_from_db()
+        assert (job.state, job.reclaims) == ("completed", 0), workers.log(holder)
+    assert begin_lines(out) == {"u0": 1, "u1": 1}
+    assert SideEffect.objects.filter(job_id=atomic.pk).count() == 1
+
+
+@PG_ONLY
+def test_reclaim__does_not_wait_for_a_row_another_transaction_holds():
+    """A rescuer meeting a locked expired lease (a stalled holder mid-unit) skips it."""
+    from durable import rescue
+
+    job = jobs.enqueue("test.rows", {})
+    Job.objects.filter(pk=job.pk).update(
+        state="running",
+        lease_owner="stalled",
+        lease_epoch=1,
+        lease_expires_at=timezone.now() - timezone.timedelta(seconds=5),
+    )
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # what fence() does inside a stalled worker's atomic unit
+        from django.db import transaction
+
+        with transaction.atomic():
+            Job.objects.select_for_update().get(pk=job.pk)
+            locked.set()
+            release.wait(10)
+        connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert locked.wait(5)
+        started = time.monotonic()
+        assert rescue.reclaim("rescuer") == []
+        assert time.monotonic() - started < 2
+    finally:
+        release.set()
+        holder.join(10)
+    assert rescue.reclaim("rescuer") == [job.pk]  # once the holder lets go
+
+
 def test_concurrent_workers__never_run_one_job_in_two_places(workers, tmp_path):
     paths = {}
     for n in range(12):

@@ -200,6 +200,26 @@ def test_fencing__a_worker_that_lost_its_lease_cannot_touch_the_job():
     )
 
 
+def test_renewal__a_job_that_just_completed_is_not_reported_as_a_lost_lease(caplog):
+    """The renewal thread may renew between the executor's completion and its bookkeeping."""
+    from durable.operations import JobContext, get_operation
+    from durable.worker import Execution, Worker
+
+    job = jobs.enqueue("test.rows", {"units": 1})
+    held, _ = lease.claim("w", queues=["default"], operations=["test.rows"], lease_seconds=30)
+    worker = Worker(worker_id="w")
+    ctx = JobContext(job.pk, "test.rows", {}, None, 1, "w", held.epoch)
+    execution = Execution(held, ctx, get_operation("test.rows"))
+    worker._executions[job.pk] = execution
+    execution.finishing = True  # what execute() sets just before it calls complete()
+    lease.complete(held)
+    caplog.set_level("WARNING", logger="durable.worker")
+    worker._renew_all()
+    assert not execution.lost
+    assert not ctx.should_stop()
+    assert "lease lost" not in caplog.text
+
+
 # --- failures and retries -------------------------------------------------------------
 
 
