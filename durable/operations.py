@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.conf import settings
 
-from .errors import NonRetryable, UnknownOperation
+from .errors import NonRetryable, Stopping, UnknownOperation
 from .states import JobState, OnRestart
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -113,11 +113,18 @@ class JobContext:
     def should_stop(self) -> bool:
         """True once the worker is shutting down, or the job was paused or cancelled.
 
-        A long unit may poll this and return early; the unit is then repeated
-        later, so returning early must leave nothing half-done that a repeat
-        cannot finish.
+        A long unit may poll this and then ``raise Stopping()`` (or call
+        ``stop_if_requested()``): the job is handed back without spending an
+        attempt and the unit is repeated later, so what it did so far must be
+        safe to repeat. Do not just return: a returned result is verified and
+        committed, and the rest of the unit's work would be silently skipped.
         """
         return self.stop_requested.is_set()
+
+    def stop_if_requested(self) -> None:
+        """``raise Stopping`` if ``should_stop()``: a polling point for long units."""
+        if self.should_stop():
+            raise Stopping("the unit stopped early: the worker asked it to")
 
     def credential(self, name: str) -> str:
         """Resolve a credential reference at run time; the value is redacted from errors."""

@@ -36,7 +36,7 @@ from django.utils import timezone
 
 from . import faults, rescue, signals
 from . import lease as leases
-from .errors import LeaseLost, NonRetryable, RetryLater, Unavailable
+from .errors import LeaseLost, NonRetryable, RetryLater, Stopping, Unavailable
 from .lease import Lease
 from .models import Job
 from .operations import JobContext, Operation, Unit, check_payload, get_operation, registered
@@ -348,6 +348,9 @@ class Worker:
             leases.complete(lease)
         except LeaseLost as exc:
             log.warning("lease lost; abandoning job", extra={"job": job.pk, "detail": str(exc)})
+        except Stopping as exc:
+            execution.finishing = True
+            self._stopped_early(execution, exc)
         except Unavailable as exc:
             execution.finishing = True
             self._settle_failure(leases.pause_unavailable, lease, str(exc))
@@ -437,6 +440,19 @@ class Worker:
         )
 
     # --- failures -----------------------------------------------------------------
+
+    def _stopped_early(self, execution: Execution, exc: Stopping) -> None:
+        """A unit raised Stopping: hand the job back as asked, or count it if nobody asked."""
+        if not execution.ctx.stop_requested.is_set():
+            self._fail(execution, exc)  # unprompted: an ordinary failure, so it cannot loop
+            return
+        execution.ctx.logger.info(
+            "unit stopped early; handing the job back",
+            extra={"job": execution.ctx.job_id, "state": execution.observed_state},
+        )
+        # release() settles every case under the row lock: running -> queued at
+        # once, cancelling -> cancelled, paused -> stays paused; no attempt spent.
+        self._settle_failure(leases.release, execution.lease, "the unit stopped early")
 
     def _fail(self, execution: Execution, exc: Exception) -> None:
         ctx, op, lease = execution.ctx, execution.op, execution.lease

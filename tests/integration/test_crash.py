@@ -290,6 +290,30 @@ def test_sigterm__stops_at_a_unit_boundary_and_returns_the_job_unspent(workers, 
     assert set(done_lines(out).values()) == {1}  # stopped between units: nothing repeated
 
 
+def test_sigterm__a_unit_that_raises_stopping_is_handed_back_not_committed(workers, tmp_path):
+    out = tmp_path / "side-effects.log"
+    job = jobs.enqueue(
+        "test.append", {"units": 2, "path": str(out), "sleep": 4, "cooperative": True}
+    )
+    proc = workers.start("--grace-seconds", "10")
+    wait_until(lambda: out.exists())  # u0 is running
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0, workers.log(proc)
+    assert time.monotonic() - started < 3  # it polled should_stop(), not slept out its 4 s
+    job.refresh_from_db()
+    # Nothing of the stopped unit was committed, and no attempt was spent.
+    assert (job.state, job.checkpoint, job.units_done, job.attempts) == ("queued", None, 0, 0)
+    assert job.events.filter(kind="released").exists()
+    assert done_lines(out) == {}
+    Job.objects.filter(pk=job.pk).update(input={"units": 2, "path": str(out), "sleep": 0})
+    assert workers.run().returncode == 0
+    job.refresh_from_db()
+    assert job.state == "completed"
+    assert begin_lines(out) == {"u0": 2, "u1": 1}  # the stopped unit ran again in full
+    assert done_lines(out) == {"u0": 1, "u1": 1}
+
+
 def test_sigterm__a_second_signal_exits_at_once(workers, tmp_path):
     job = jobs.enqueue("test.append", {"units": 2, "path": str(tmp_path / "x"), "sleep": 30})
     proc = workers.start("--grace-seconds", "60")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 
@@ -293,6 +294,47 @@ def test_retry__error_history_is_bounded():
     assert len(job.errors) == 20
     assert job.errors[0]["attempt"] == 6  # the oldest five were dropped
     assert all(len(e["message"].encode()) <= MAX_ERROR_MESSAGE_BYTES for e in job.errors)
+
+
+def test_stopping__raised_when_nobody_asked_is_an_ordinary_failed_attempt():
+    job = drain(jobs.enqueue("test.flaky", {"fail_times": 1, "error": "stopping"}).pk)
+    assert job.state == "completed"
+    assert job.attempts == 1  # counted, so a unit raising it unprompted cannot loop
+    assert job.errors[0]["error_class"] == "durable.errors.Stopping"
+
+
+@pytest.mark.django_db(transaction=True)  # the renewal runs on its own connection
+def test_stopping__a_unit_stopping_early_after_a_pause_leaves_the_job_paused(tmp_path):
+    import threading
+
+    from django.db import connection
+
+    from durable.worker import Worker
+
+    out = tmp_path / "x"
+    job = jobs.enqueue(
+        "test.append", {"units": 2, "path": str(out), "cooperative": True, "sleep": 5}
+    )
+    claimed = lease.claim("w", queues=["default"], operations=["test.append"], lease_seconds=30)
+    worker = Worker(worker_id="w")
+
+    def operator_pauses_then_renewal_notices() -> None:
+        while not out.exists():
+            time.sleep(0.01)
+        assert jobs.pause(job.pk, actor="ops").applied
+        worker._renew_all()  # one round of the renewal thread: sees "paused"
+        connection.close()
+
+    helper = threading.Thread(target=operator_pauses_then_renewal_notices)
+    helper.start()
+    started = time.monotonic()
+    worker.execute(*claimed)
+    helper.join(10)
+    assert time.monotonic() - started < 3  # the unit stopped, it did not sleep out 5 s
+    job.refresh_from_db()
+    assert (job.state, job.lease_owner, job.attempts, job.units_done) == ("paused", None, 0, 0)
+    assert job.checkpoint is None
+    assert "done" not in out.read_text()
 
 
 def test_unavailable__pauses_with_an_actionable_reason_and_spends_no_attempt():

@@ -3,7 +3,8 @@
 - ``test.rows``: an atomic unit writes one SideEffect row (exactly-once evidence).
 - ``test.append``: a unit appends ``key`` lines to a file, like an external
   system with no transactions; with ``idempotent`` it first checks the
-  destination, as a file copy that verifies before writing would.
+  destination, as a file copy that verifies before writing would; with
+  ``cooperative`` its sleep polls ``ctx.should_stop()`` and raises ``Stopping``.
 - ``test.flaky``: fails its first ``fail_times`` attempts with a chosen error.
 - ``test.needs_credential``: needs the credential named by ``token_ref``.
 - ``test.form``: takes its input from a Django form (the dashboard's "New job").
@@ -21,7 +22,7 @@ from typing import Any
 from django import forms
 from django.utils import timezone
 
-from durable.errors import InputRejected, NonRetryable, RetryLater, Unavailable
+from durable.errors import InputRejected, NonRetryable, RetryLater, Stopping, Unavailable
 from durable.operations import Access, JobContext, Operation, Unit, register
 
 from .models import SideEffect
@@ -70,7 +71,13 @@ class Append(Operation):
         with open(path, "a") as handle:
             handle.write(f"begin {ctx.job_id} {unit.key} {os.getpid()} {time.time():.6f}\n")
             handle.flush()
-            time.sleep(ctx.input.get("sleep", 0))
+            if ctx.input.get("cooperative"):  # a long unit polling should_stop()
+                deadline = time.monotonic() + ctx.input.get("sleep", 0)
+                while time.monotonic() < deadline:
+                    ctx.stop_if_requested()
+                    time.sleep(0.02)
+            else:
+                time.sleep(ctx.input.get("sleep", 0))
             handle.write(f"done {ctx.job_id} {unit.key} {os.getpid()} {time.time():.6f}\n")
         return {"appended": True}
 
@@ -103,6 +110,8 @@ class Flaky(Operation):
             raise NonRetryable(message)
         if kind == "unavailable":
             raise Unavailable(message)
+        if kind == "stopping":  # Stopping although nothing asked the unit to stop
+            raise Stopping(message)
         if kind == "retry_later":
             raise RetryLater(message, at=timezone.now() + timedelta(seconds=ctx.input["delay"]))
         raise RuntimeError(message)
