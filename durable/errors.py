@@ -47,6 +47,10 @@ class Stopping(DurableError):
     """
 
 
+class UnitTimeout(DurableError):
+    """A unit ran past its operation's ``unit_timeout`` and stopped when asked: an attempt."""
+
+
 class LeaseLost(DurableError):
     """This worker no longer holds the job (expired and reclaimed, or cancelled)."""
 

@@ -160,9 +160,14 @@ class Operation:
     # for units whose only side effects are rows in this database: they become
     # exactly-once. Wrong for anything slow or external (it holds the write lock).
     atomic_units: ClassVar[bool] = False
-    # A unit running longer than this stops having its lease renewed, so a hung
-    # unit is eventually reclaimed instead of holding the job forever.
-    unit_timeout: ClassVar[float | None] = 3600.0
+    # Seconds a unit may run. Past it the unit is asked to stop (should_stop();
+    # raising Stopping then counts as a failed attempt, UnitTimeout). If it is
+    # still running a grace period later, the worker process drains its other
+    # jobs and exits (status 70), so the job is taken back as after a crash: a
+    # thread cannot be interrupted, and its lease is renewed until the process
+    # is gone, so the unit never runs twice at once. None: no limit — a hung unit
+    # holds its job until its worker is restarted.
+    unit_timeout: ClassVar[float | None] = None
     # A django.forms.Form whose cleaned_data is the job's input: the dashboard's
     # "New job" page renders it. None: the page offers a JSON input field.
     input_form: ClassVar[type | None] = None

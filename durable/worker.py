@@ -19,6 +19,7 @@ import random
 import secrets
 import signal
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from django.utils import timezone
 
 from . import faults, rescue, signals
 from . import lease as leases
-from .errors import LeaseLost, NonRetryable, RetryLater, Stopping, Unavailable
+from .errors import LeaseLost, NonRetryable, RetryLater, Stopping, Unavailable, UnitTimeout
 from .lease import Lease
 from .models import Job
 from .operations import JobContext, Operation, Unit, check_payload, get_operation, registered
@@ -46,6 +47,9 @@ from .states import JobState
 log = logging.getLogger("durable.worker")
 
 
+# The exit status of a worker that had to leave because a unit overran its
+# operation's unit_timeout and would not stop (os.EX_SOFTWARE): restart it.
+EXIT_UNIT_TIMEOUT = 70
 MAX_WORKER_ID_PREFIX = 150  # leaves room for the suffix in the 200-character lease_owner
 
 
@@ -78,7 +82,10 @@ class Execution:
     finishing: bool = False
     observed_state: str = JobState.RUNNING
     lost: bool = False
+    # The current unit overran unit_timeout (when: time.monotonic()) and was asked to stop.
     timed_out: bool = False
+    overrun_at: float | None = None
+    unit_key: str = ""
     # False when the job had no unit results at claim: only this lease holder
     # can add any, so step 2's lookup can be skipped (one query less per unit).
     results_possible: bool = True
@@ -107,6 +114,9 @@ class Worker:
         # Set when the grace period ran out with units still running in threads
         # we cannot interrupt: the caller should end the process with os._exit.
         self.abandoned_units = False
+        # When a unit that overran its unit_timeout was found still running a
+        # grace period later: from then on the process drains and exits.
+        self._hung_since: float | None = None
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -166,11 +176,15 @@ class Worker:
         renewer.join(timeout=5)
         keeper.join(timeout=5)
         try:
-            rescue.mark_stopped(self.worker_id)
+            # Not when a thread is still inside a unit: "stopped" lets peers take
+            # its job at once, while that unit could still write. The caller's
+            # os._exit ends it; peers here see the PID gone, others the lease expire.
+            if not self.abandoned_units:
+                rescue.mark_stopped(self.worker_id)
         finally:
             connection.close()
         log.info("worker stopped", extra={"worker": self.worker_id, "jobs_done": self._jobs_done})
-        return 0
+        return EXIT_UNIT_TIMEOUT if self._hung_since is not None else 0
 
     def _recover_at_startup(self) -> rescue.StartupReport | None:
         """Startup recovery, retried with backoff while the database is unreachable.
@@ -386,6 +400,7 @@ class Worker:
     def _run_unit(self, execution: Execution, unit: Unit) -> None:
         ctx, op, lease = execution.ctx, execution.op, execution.lease
         check_payload(unit)
+        execution.timed_out, execution.overrun_at, execution.unit_key = False, None, unit.key
         execution.unit_started = time.monotonic()
         try:
             if op.atomic_units:
@@ -406,6 +421,8 @@ class Worker:
         execution.observed_state = state
         if state in (JobState.PAUSED, JobState.CANCELLING):
             ctx.stop_requested.set()
+        elif execution.timed_out and not (self.stopping.is_set() or execution.lost):
+            ctx.stop_requested.clear()  # it finished after all: the stop was for that unit only
 
     def _unit_body(self, execution: Execution, unit: Unit) -> Any:
         """Steps 2 and 3, and the check of step 4: skip if done, else run and verify."""
@@ -445,6 +462,16 @@ class Worker:
         """A unit raised Stopping: hand the job back as asked, or count it if nobody asked."""
         if not execution.ctx.stop_requested.is_set():
             self._fail(execution, exc)  # unprompted: an ordinary failure, so it cannot loop
+            return
+        if execution.timed_out:
+            timeout = execution.op.unit_timeout
+            self._fail(
+                execution,
+                UnitTimeout(
+                    f"unit {execution.unit_key!r} ran longer than its unit_timeout of "
+                    f"{timeout:g}s and stopped when asked"
+                ),
+            )
             return
         execution.ctx.logger.info(
             "unit stopped early; handing the job back",
@@ -537,16 +564,9 @@ class Worker:
         with self._lock:
             executions = list(self._executions.values())
         for execution in executions:
-            timeout = execution.op.unit_timeout
-            started = execution.unit_started
-            if timeout and started is not None and time.monotonic() - started > timeout:
-                if not execution.timed_out:
-                    execution.timed_out = True
-                    log.error(
-                        "unit exceeded unit_timeout; its lease is left to expire",
-                        extra={"job": execution.lease.job_id, "unit_timeout": timeout},
-                    )
-                continue
+            # An overrunning unit is still running: its lease is renewed like any
+            # other until the unit returns or the process is gone.
+            self._watch_timeout(execution)
             if execution.in_atomic:
                 continue  # its own transaction holds the row and renews on commit
             state = leases.renew_unless_busy(execution.lease, self.lease_seconds)
@@ -562,3 +582,64 @@ class Worker:
                 execution.observed_state = state
                 if state in (JobState.PAUSED, JobState.CANCELLING):
                     execution.ctx.stop_requested.set()
+        self._watch_hung(executions)
+
+    # --- units that overrun unit_timeout -------------------------------------------
+
+    def _watch_timeout(self, execution: Execution) -> None:
+        """Past ``unit_timeout``: ask the unit to stop (once per unit)."""
+        timeout = execution.op.unit_timeout
+        started = execution.unit_started
+        if not timeout or started is None or execution.timed_out:
+            return
+        if time.monotonic() - started <= timeout:
+            return
+        execution.timed_out, execution.overrun_at = True, time.monotonic()
+        execution.ctx.stop_requested.set()
+        log.error(
+            "unit exceeded unit_timeout; asking it to stop",
+            extra={
+                "job": execution.lease.job_id,
+                "unit": execution.unit_key,
+                "unit_timeout": timeout,
+                "grace_seconds": self.grace_seconds,
+            },
+        )
+
+    def _watch_hung(self, executions: list[Execution]) -> None:
+        """A unit still running a grace period after its timeout: drain, then exit.
+
+        A thread cannot be interrupted, so the only way to be sure the unit has
+        stopped before anyone else may take its job is to end the process. Its
+        other jobs first get a grace period to reach a unit boundary and be
+        released; then ``os._exit`` — without marking the worker stopped, so
+        peers take the jobs back exactly as after a crash (PID gone, or lease
+        expired), and the overrun counts as a failed attempt (``WorkerLost``).
+        """
+        now = time.monotonic()
+        hung = [
+            e
+            for e in executions
+            if e.overrun_at is not None
+            and e.unit_started is not None
+            and now - e.overrun_at > self.grace_seconds
+        ]
+        if not hung:
+            return  # nothing stuck (any more): an ordinary shutdown, if one began, goes on
+        if self._hung_since is None:
+            self._hung_since = now
+            log.critical(
+                "a unit did not stop after its unit_timeout; draining this worker, then exiting",
+                extra={"worker": self.worker_id, "jobs": [e.lease.job_id for e in hung]},
+            )
+            self.stop()
+        others = [e for e in executions if all(e is not h for h in hung)]
+        if not others or now - self._hung_since > self.grace_seconds:
+            log.critical(
+                "exiting with a unit still running; its job is taken back as after a crash",
+                extra={"worker": self.worker_id, "jobs": [e.lease.job_id for e in hung]},
+            )
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_UNIT_TIMEOUT)

@@ -246,6 +246,46 @@ def test_reclaim__does_not_wait_for_a_row_another_transaction_holds():
     assert rescue.reclaim("rescuer") == [job.pk]  # once the holder lets go
 
 
+def test_unit_timeout__a_unit_that_stops_when_asked_spends_an_attempt(workers, tmp_path):
+    out = tmp_path / "side-effects.log"
+    job = jobs.enqueue(
+        "test.overrun", {"units": 1, "path": str(out), "sleep": 30, "cooperative": True}
+    )
+    proc = workers.start(lease=1.0)
+    wait_until(lambda: Job.objects.get(pk=job.pk).state == "completed", timeout=30)
+    assert proc.poll() is None  # the unit stopped, so its worker had no reason to leave
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0, workers.log(proc)
+    job.refresh_from_db()
+    assert (job.state, job.attempts, job.reclaims) == ("completed", 1, 0)
+    assert job.errors[0]["error_class"] == "durable.errors.UnitTimeout"
+    assert begin_lines(out) == {"u0": 2}  # stopped at the timeout, then run again in full
+    assert done_lines(out) == {"u0": 1}
+
+
+def test_unit_timeout__a_hung_unit_ends_its_process_before_anyone_may_run_it_again(
+    workers, tmp_path
+):
+    """Never two at once: the lease is kept until the process that runs the unit is gone."""
+    from durable.worker import EXIT_UNIT_TIMEOUT
+
+    out = tmp_path / "side-effects.log"
+    job = jobs.enqueue("test.overrun", {"units": 1, "path": str(out), "sleep": 30})
+    hung = workers.start("--grace-seconds", "1", lease=1.0)
+    wait_until(lambda: out.exists())
+    peer = workers.start(lease=1.0)
+    wait_until(lambda: begin_lines(out)["u0"] >= 2, timeout=30)  # the peer runs it again
+    # ... only once the first process is gone (it was asleep in the unit for 30 s).
+    assert hung.poll() == EXIT_UNIT_TIMEOUT, workers.log(hung)
+    wait_until(lambda: Job.objects.get(pk=job.pk).state == "completed")
+    peer.send_signal(signal.SIGTERM)
+    assert peer.wait(timeout=10) == 0, workers.log(peer)
+    job.refresh_from_db()
+    assert (job.reclaims, job.attempts) == (1, 1)  # taken back as after a crash
+    assert done_lines(out) == {"u0": 1}
+    assert "did not stop after its unit_timeout" in workers.log(hung)
+
+
 def test_concurrent_workers__never_run_one_job_in_two_places(workers, tmp_path):
     paths = {}
     for n in range(12):
@@ -335,6 +375,9 @@ def test_sigterm__after_the_grace_period_the_lease_is_left_to_recovery(workers, 
     assert proc.wait(timeout=5) == 0
     job.refresh_from_db()
     assert job.state == "running"  # the unit was still running: nobody may take it yet
+    # Nor did it say "stopped" while that unit could still write: peers on this
+    # machine see its PID gone, others wait for the lease.
+    assert WorkerProcess.objects.get(pid=proc.pid).stopped_at is None
     # The process is gone, so a new worker on this machine takes the job back at
     # once instead of waiting out the 30 s lease.
     assert workers.run(timeout=60).returncode == 0

@@ -5,6 +5,7 @@
   system with no transactions; with ``idempotent`` it first checks the
   destination, as a file copy that verifies before writing would; with
   ``cooperative`` its sleep polls ``ctx.should_stop()`` and raises ``Stopping``.
+- ``test.overrun``: ``test.append`` whose first attempt overruns a 1 s ``unit_timeout``.
 - ``test.flaky``: fails its first ``fail_times`` attempts with a chosen error.
 - ``test.needs_credential``: needs the credential named by ``token_ref``.
 - ``test.form``: takes its input from a Django form (the dashboard's "New job").
@@ -13,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterator
@@ -80,6 +82,19 @@ class Append(Operation):
                 time.sleep(ctx.input.get("sleep", 0))
             handle.write(f"done {ctx.job_id} {unit.key} {os.getpid()} {time.time():.6f}\n")
         return {"appended": True}
+
+
+@register
+class Overrun(Append):
+    """``test.append`` with a 1 s ``unit_timeout``; only the first attempt sleeps."""
+
+    name = "test.overrun"
+    unit_timeout = 1.0
+
+    def run_unit(self, ctx: JobContext, unit: Unit) -> dict[str, Any]:
+        if ctx.attempt > 1:
+            ctx = dataclasses.replace(ctx, input={**ctx.input, "sleep": 0})
+        return super().run_unit(ctx, unit)
 
 
 def done_keys(path: str, job_id: int) -> set[str]:
