@@ -21,7 +21,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models.functions import Now
 from django.utils import timezone
 
 from . import signals
@@ -42,11 +41,6 @@ class Lease:
     job_id: int
     owner: str
     epoch: int
-
-
-def db_now() -> Any:
-    """``now`` for ORM filters, on the clock that lease times are written with."""
-    return Now() if connection.vendor == "postgresql" else timezone.now()
 
 
 def database_now() -> datetime:
@@ -383,12 +377,20 @@ def _cancelled(job: Job, now: datetime) -> None:
 
 
 def complete(lease: Lease) -> str:
-    """All units done. A cancel accepted meanwhile wins: the job ends cancelled."""
+    """All units done. A cancel accepted meanwhile wins: the job ends cancelled.
+
+    A pause accepted meanwhile is honoured too: the job stays paused (lease
+    released) and completes once resumed — an operator who paused it must not
+    find it finished behind their back.
+    """
     now = timezone.now()
     with transaction.atomic():
         job = _locked(lease)
         if job.state == JobState.CANCELLING:
             _cancelled(job, now)
+        elif job.state == JobState.PAUSED:
+            Job.objects.filter(pk=job.pk).update(updated_at=now, **_FREE)
+            log_state(job, "lease_released", reason="paused")
         else:
             _save(
                 job,

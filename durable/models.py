@@ -9,12 +9,23 @@ event, in one transaction. Application code reads them through the
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
-from django.db import models
+from django.db import connection, models
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from .states import FINISHED_STATES, LEASED_STATES, UNFINISHED_STATES, JobState, OnRestart
+
+
+def db_now() -> Any:
+    """``now`` for ORM filters, on the clock that lease times are written with.
+
+    PostgreSQL's own clock (workers on several machines agree on it; a web
+    server's skew does not matter), else this process's (SQLite: one machine).
+    """
+    return Now() if connection.vendor == "postgresql" else timezone.now()
 
 
 class JobQuerySet(models.QuerySet):
@@ -42,6 +53,19 @@ class JobQuerySet(models.QuerySet):
         """Waiting out a backoff after at least one failed attempt."""
         return self.filter(
             state=JobState.QUEUED, attempts__gt=0, next_attempt_at__gt=now or timezone.now()
+        )
+
+    def with_clock(self) -> JobQuerySet:
+        """Annotate ``lease_held`` and ``due``, compared in SQL on the lease clock."""
+        now = db_now()
+        return self.annotate(
+            lease_held=models.ExpressionWrapper(
+                Q(lease_owner__isnull=False, lease_expires_at__gt=now),
+                output_field=models.BooleanField(),
+            ),
+            due=models.ExpressionWrapper(
+                Q(next_attempt_at__lte=now), output_field=models.BooleanField()
+            ),
         )
 
     def purgeable(self, older_than: datetime) -> JobQuerySet:
@@ -150,6 +174,7 @@ class Job(models.Model):
         return self.errors[-1] if self.errors else None
 
     def lease_is_live(self, now: datetime | None = None) -> bool:
+        """On this process's clock: fine for display; decisions use ``JobQuerySet.with_clock``."""
         return bool(
             self.lease_owner
             and self.lease_expires_at

@@ -416,6 +416,67 @@ def test_actions__retry_now_skips_the_backoff_of_a_waiting_job():
     assert job.next_attempt_at <= timezone.now()
 
 
+def test_actions__retry_now_twice_on_a_waiting_job_writes_one_event():
+    job = drain(jobs.enqueue("test.flaky", {"fail_times": 10}).pk)  # failed, exhausted
+    first, second = jobs.retry_now(job.pk), jobs.retry_now(job.pk)
+    assert first.applied
+    assert (second.applied, second.refused, second.state) == (False, False, "queued")
+    assert kinds(job).count("retried") == 1
+
+
+def test_actions__retry_now_of_a_job_already_due_is_already_so():
+    job = jobs.enqueue("test.rows", {})
+    outcome = jobs.retry_now(job.pk, actor="ops")
+    assert (outcome.applied, outcome.refused) == (False, False)
+    assert kinds(job) == ["enqueued"]
+
+
+class _ClockAhead:
+    """A web server whose clock runs a minute ahead of the database's."""
+
+    @staticmethod
+    def now() -> datetime:
+        return timezone.now() + timedelta(seconds=60)
+
+
+def test_actions__a_live_lease_is_judged_on_the_database_clock(monkeypatch):
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite: workers and web server share one machine's clock")
+    job = jobs.enqueue("test.rows", {"units": 3})
+    lease.claim("w", queues=["default"], operations=["test.rows"], lease_seconds=30)
+    assert jobs.pause(job.pk).applied  # the worker keeps its lease until the unit boundary
+    monkeypatch.setattr(jobs, "timezone", _ClockAhead)
+    outcome = jobs.resume(job.pk, actor="ops")
+    job.refresh_from_db()
+    # Still held by the worker (30 s by the database's clock): it simply carries on.
+    # Judged on the web server's clock it would go back to the queue with its
+    # lease dropped, while the worker is still running it.
+    assert (outcome.state, job.state, job.lease_owner) == ("running", "running", "w")
+
+
+def test_actions__resume_while_the_worker_still_holds_it_clears_the_pause_reason():
+    job = jobs.enqueue("test.rows", {"units": 3})
+    lease.claim("w", queues=["default"], operations=["test.rows"], lease_seconds=30)
+    assert jobs.pause(job.pk, actor="ops").applied
+    job.refresh_from_db()
+    assert job.reason == "paused by ops"
+    assert jobs.resume(job.pk, actor="ops").applied
+    job.refresh_from_db()
+    assert (job.state, job.reason) == ("running", "")
+
+
+def test_actions__a_pause_during_the_last_unit_is_honoured_not_completed():
+    job = drain(jobs.enqueue("test.act", {"units": 2, "act_at": 1, "action": "pause"}).pk)
+    assert (job.state, job.lease_owner, job.units_done) == ("paused", None, 2)
+    assert "completed" not in kinds(job)
+    assert jobs.resume(job.pk, actor="ops").applied
+    job = drain(job.pk)
+    assert (job.state, job.reason) == ("completed", "")
+    assert SideEffect.objects.filter(job_id=job.pk).count() == 2  # nothing ran twice
+
+
 def test_actions__pause_of_a_running_job_takes_effect_at_the_unit_boundary():
     job = drain(jobs.enqueue("test.act", {"units": 4, "act_at": 1, "action": "pause"}).pk)
     assert job.state == "paused"
