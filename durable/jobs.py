@@ -101,6 +101,26 @@ def announce_change(job: Job, old_state: str, kind: str, message: str, data: dic
     )
 
 
+def needs_attention(job: Job, cause: str, reason: str) -> None:
+    """Announce (after commit) that ``job`` stopped and needs a person.
+
+    ``next_attempt_at`` is the job's own when it will run again by itself
+    (queued), else None: a paused or failed job has no next attempt until
+    someone acts.
+    """
+    signals.send_on_commit(
+        signals.job_needs_attention,
+        job_id=job.pk,
+        operation=job.operation,
+        state=job.state,
+        cause=cause,
+        reason=reason,
+        checkpoint=job.checkpoint,
+        attempt=job.attempts,
+        next_attempt_at=job.next_attempt_at if job.state == JobState.QUEUED else None,
+    )
+
+
 # --- enqueue --------------------------------------------------------------------
 
 

@@ -23,16 +23,16 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from . import signals
 from .errors import LeaseLost, NonRetryable
-from .jobs import add_events, announce_change, log_state
+from .jobs import add_events, announce_change, log_state, needs_attention
 from .models import Job, JobEvent, UnitResult
-from .policy import append_bounded, truncate_utf8
+from .policy import MAX_ERROR_MESSAGE_BYTES, append_bounded, truncate_utf8
 from .states import LEASED_STATES, JobState
 
 log = logging.getLogger("durable.lease")
 
 MAX_RESULT_BYTES = 64 * 1024
+MAX_TURN_AWAY_REASONS = 4  # distinct reasons a coalesced "rescheduled" event lists
 _LEASED = tuple(str(state) for state in LEASED_STATES)
 
 
@@ -363,7 +363,8 @@ def _save(job: Job, now: datetime, event: tuple[str, str, dict], **fields: Any) 
 _FREE = {"lease_owner": None, "lease_expires_at": None}
 
 
-def _cancelled(job: Job, now: datetime) -> None:
+def _cancelled(job: Job, now: datetime, **fields: Any) -> None:
+    """The cancel is done; ``fields`` are saved with it (a failure's attempt and error)."""
     _save(
         job,
         now,
@@ -372,7 +373,7 @@ def _cancelled(job: Job, now: datetime) -> None:
         finished_at=now,
         error_code="cancelled",
         reason=job.reason or "cancelled",
-        **_FREE,
+        **{**fields, **_FREE},
     )
 
 
@@ -460,21 +461,66 @@ def pause_unavailable(lease: Lease, reason: str) -> None:
             error_code="unavailable",
             **_FREE,
         )
-        _needs_attention(job, "unavailable", reason)
+        needs_attention(job, "unavailable", reason)
 
 
-def _needs_attention(job: Job, cause: str, reason: str) -> None:
-    signals.send_on_commit(
-        signals.job_needs_attention,
-        job_id=job.pk,
-        operation=job.operation,
-        state=job.state,
-        cause=cause,
-        reason=reason,
-        checkpoint=job.checkpoint,
-        attempt=job.attempts,
-        next_attempt_at=job.next_attempt_at if job.state == JobState.QUEUED else None,
+def _coalesce_turn_away(
+    job: Job, lease: Lease, entry: dict[str, Any], retry_at: datetime, now: datetime
+) -> bool:
+    """Fold a repeated turn-away into the previous one's ``rescheduled`` event.
+
+    Applies when this lease did nothing but be turned away again: the newest
+    event is this claim's ``started`` and the one before it the previous
+    turn-away. Then that ``started`` is withdrawn (its seq is reused by the
+    next event) and the ``rescheduled`` event counts one more (``turn_aways``,
+    ``last_message``, ``last_at``; its message lists the first few distinct
+    reasons), so a backlog waiting behind a gate keeps two events per job
+    instead of two per try.
+    """
+    newest = {
+        event.seq: event
+        for event in JobEvent.objects.filter(job_id=job.pk, seq__gte=job.event_seq - 1)
+    }
+    started, previous = newest.get(job.event_seq), newest.get(job.event_seq - 1)
+    if not (
+        started is not None
+        and started.kind == "started"
+        and started.data.get("epoch") == lease.epoch
+        and previous is not None
+        and previous.kind == "rescheduled"
+    ):
+        return False
+    started.delete()
+    reason = truncate_utf8(entry["message"], MAX_ERROR_MESSAGE_BYTES)
+    reasons = list(previous.data.get("reasons") or [previous.message])
+    if reason not in reasons and len(reasons) < MAX_TURN_AWAY_REASONS:
+        reasons.append(reason)
+    previous.message = truncate_utf8(" | ".join(reasons), MAX_ERROR_MESSAGE_BYTES)
+    previous.data = {
+        **previous.data,
+        "next_attempt_at": retry_at.isoformat(),
+        "turn_aways": int(previous.data.get("turn_aways", 1)) + 1,
+        "reasons": reasons,
+        "last_message": reason,
+        "last_at": now.isoformat(),
+    }
+    previous.save(update_fields=["message", "data"])
+    old_state = job.state
+    job.event_seq -= 1
+    job.state, job.next_attempt_at, job.updated_at = JobState.QUEUED, retry_at, now
+    job.lease_owner = job.lease_expires_at = None
+    job.save(
+        update_fields=[
+            "state",
+            "next_attempt_at",
+            "updated_at",
+            "lease_owner",
+            "lease_expires_at",
+            "event_seq",
+        ]
     )
+    announce_change(job, old_state, "rescheduled", entry["message"], previous.data)
+    return True
 
 
 def record_failure(
@@ -484,12 +530,15 @@ def record_failure(
     retry_at: datetime | None,
     consume_attempt: bool = True,
     on_exhausted: str = JobState.FAILED,
+    coalesce: bool = False,
 ) -> str:
     """A unit failed. ``retry_at`` None means non-retryable: fail now.
 
     The retry time and the attempt count are committed *before* the lease is
     released, so a restart during the backoff neither resets the wait nor
-    retries early. Returns the resulting state.
+    retries early. ``coalesce``: the lease committed no unit, so a repeated
+    turn-away may be folded into the previous one's event. Returns the
+    resulting state.
     """
     now = timezone.now()
     with transaction.atomic():
@@ -500,11 +549,12 @@ def record_failure(
                 _cancelled(job, now)
             elif job.state == JobState.PAUSED:
                 Job.objects.filter(pk=job.pk).update(updated_at=now, **_FREE)
-            else:
+            elif not (coalesce and _coalesce_turn_away(job, lease, entry, retry_at, now)):
+                facts = {"next_attempt_at": retry_at.isoformat(), "turn_aways": 1}
                 _save(
                     job,
                     now,
-                    ("rescheduled", entry["message"], {"next_attempt_at": retry_at.isoformat()}),
+                    ("rescheduled", entry["message"], facts),
                     state=JobState.QUEUED,
                     next_attempt_at=retry_at,
                     **_FREE,
@@ -521,8 +571,7 @@ def record_failure(
         message = entry["message"]
         facts = {"error_class": entry["error_class"], "attempt": attempts}
         if job.state == JobState.CANCELLING:
-            job.errors, job.attempts = history, attempts
-            _cancelled(job, now)
+            _cancelled(job, now, **common)  # the failed attempt stays on record
             return job.state
         if retry_at is None:
             reason = f"failed permanently: {message}"
@@ -536,7 +585,7 @@ def record_failure(
                 error_code="non_retryable",
                 **common,
             )
-            _needs_attention(job, "non_retryable", reason)
+            needs_attention(job, "non_retryable", reason)
             return job.state
         if attempts >= job.max_attempts:
             target = JobState(on_exhausted)
@@ -552,7 +601,7 @@ def record_failure(
                 **common,
                 **extra,
             )
-            _needs_attention(job, "exhausted", reason)
+            needs_attention(job, "exhausted", reason)
             return job.state
         if job.state == JobState.PAUSED:
             _save(job, now, ("failed_attempt", message, facts), **common)

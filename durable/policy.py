@@ -94,6 +94,28 @@ def append_bounded(history: list[dict] | None, entry: dict, limit: int = MAX_ERR
     return items[-limit:]
 
 
+RECLAIM_SPREAD_STEP = 0.1  # seconds of spread per job already taken back in the round
+RECLAIM_SPREAD_CAP = 30.0
+
+
+def reclaim_delay(
+    position: int,
+    *,
+    step: float = RECLAIM_SPREAD_STEP,
+    cap: float = RECLAIM_SPREAD_CAP,
+    rng: random.Random | None = None,
+) -> float:
+    """Seconds until the ``position``-th job (from 0) taken back in one round is due.
+
+    The first is due at once; the n-th uniformly within ``min(cap, n·step)``,
+    so the jobs of a crashed fleet start gradually, with jitter, instead of
+    all in the same instant on every restarted worker.
+    """
+    if position < 0:
+        raise ValueError("position counts from 0")
+    return (rng or random).uniform(0.0, min(cap, position * step))
+
+
 def worker_alive(*, heartbeat_at: datetime, lease_seconds: float, now: datetime) -> bool:
     """Whether a worker that last beat at ``heartbeat_at`` still counts as running.
 

@@ -27,10 +27,10 @@ from django.db.models import Max, Q
 from django.utils import timezone
 
 from . import signals
-from .jobs import add_events, announce_change
+from .jobs import add_events, announce_change, needs_attention
 from .lease import database_now
 from .models import Job, UnitResult, WorkerProcess, db_now
-from .policy import append_bounded, worker_alive
+from .policy import append_bounded, reclaim_delay, worker_alive
 from .states import LEASED_STATES, JobState, OnRestart, RestartOutcome, on_restart
 
 log = logging.getLogger("durable.rescue")
@@ -188,12 +188,12 @@ def reclaim(me: str, *, limit: int = RECLAIM_BATCH) -> list[int]:
     )
     done = []
     for job_id, epoch in candidates:
-        if _reclaim_one(job_id, epoch, condition, me):
+        if _reclaim_one(job_id, epoch, condition, me, position=len(done)):
             done.append(job_id)
     return done
 
 
-def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str) -> bool:
+def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str, *, position: int = 0) -> bool:
     now = timezone.now()
     with transaction.atomic():
         # SKIP LOCKED: a locked row is being changed right now — typically its
@@ -208,7 +208,7 @@ def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str) -> bool:
         )
         if job is None:
             return False  # locked, renewed, finished or reclaimed by a peer meanwhile
-        old, previous = job.state, job.lease_owner
+        old, previous, checkpoint = job.state, job.lease_owner, job.checkpoint
         outcome = on_restart(job.state, job.on_restart)
         fields: dict = {"lease_owner": None, "lease_expires_at": None, "updated_at": now}
         if outcome is RestartOutcome.RELEASE:
@@ -262,7 +262,8 @@ def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str) -> bool:
                 )
                 kind, message = target.value, fields["reason"]
             else:
-                fields.update(state=JobState.QUEUED, next_attempt_at=now)
+                due = now + timedelta(seconds=reclaim_delay(position))
+                fields.update(state=JobState.QUEUED, next_attempt_at=due)
                 if outcome is RestartOutcome.REQUEUE_FROM_START:
                     fields.update(checkpoint=None, units_done=0)
                     UnitResult.objects.filter(job_id=job.pk).delete()
@@ -282,23 +283,15 @@ def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str) -> bool:
             outcome=outcome.value,
             old_state=old,
             new_state=job.state,
-            checkpoint=job.checkpoint,
+            # Where the job was when its worker stopped (on_restart=retry has
+            # just dropped it, so job.checkpoint would say None).
+            checkpoint=checkpoint,
             attempt=job.attempts,
             next_attempt_at=job.next_attempt_at if job.state == JobState.QUEUED else None,
             reason=job.reason,
         )
         if job.state in (JobState.FAILED, JobState.PAUSED):
-            signals.send_on_commit(
-                signals.job_needs_attention,
-                job_id=job.pk,
-                operation=job.operation,
-                state=job.state,
-                cause=job.error_code,
-                reason=job.reason,
-                checkpoint=job.checkpoint,
-                attempt=job.attempts,
-                next_attempt_at=None,
-            )
+            needs_attention(job, job.error_code, job.reason)
     return True
 
 
@@ -335,17 +328,7 @@ def fail_leftover_queued(boundary: datetime, me: str) -> list[int]:
                 ]
             )
             announce_change(job, JobState.QUEUED, "failed", reason, {})
-            signals.send_on_commit(
-                signals.job_needs_attention,
-                job_id=job.pk,
-                operation=job.operation,
-                state=job.state,
-                cause="server_restarted",
-                reason=reason,
-                checkpoint=job.checkpoint,
-                attempt=job.attempts,
-                next_attempt_at=None,
-            )
+            needs_attention(job, "server_restarted", reason)
             failed.append(job_id)
     return failed
 

@@ -86,6 +86,7 @@ class Execution:
     timed_out: bool = False
     overrun_at: float | None = None
     unit_key: str = ""
+    committed: int = 0  # units this lease committed
     # False when the job had no unit results at claim: only this lease holder
     # can add any, so step 2's lookup can be skipped (one query less per unit).
     results_possible: bool = True
@@ -416,6 +417,7 @@ class Worker:
             execution.unit_started = None
             execution.in_atomic = False
         faults.reach("after_checkpoint")
+        execution.committed += 1
         ctx.checkpoint = unit.checkpoint
         ctx.units_done += 1
         execution.observed_state = state
@@ -514,6 +516,7 @@ class Worker:
             retry_at=retry_at,
             consume_attempt=consume,
             on_exhausted=op.on_exhausted,
+            coalesce=execution.committed == 0,
         )
 
     def _settle_failure(self, fn: Any, *args: Any, **kwargs: Any) -> None:

@@ -337,6 +337,43 @@ def test_stopping__a_unit_stopping_early_after_a_pause_leaves_the_job_paused(tmp
     assert "done" not in out.read_text()
 
 
+def test_gate__repeated_turn_aways_keep_one_event_and_spend_no_attempt():
+    job = drain(jobs.enqueue("test.gated", {"turn_aways": 6}).pk)
+    assert (job.state, job.attempts) == ("completed", 0)
+    assert SideEffect.objects.filter(job_id=job.pk, key="try").count() == 7
+    # Not six (started, rescheduled) pairs: the log stays bounded behind a gate.
+    assert kinds(job) == ["enqueued", "started", "rescheduled", "started", "completed"]
+    assert seqs(job) == [1, 2, 3, 4, 5]
+    turned_away = job.events.get(kind="rescheduled")
+    assert turned_away.data["turn_aways"] == 6
+    # The first few distinct reasons, bounded; the latest one apart.
+    assert turned_away.message == " | ".join(f"gate closed (try {n})" for n in range(1, 5))
+    assert turned_away.data["last_message"] == "gate closed (try 6)"
+
+
+def test_gate__a_turn_away_after_real_progress_is_recorded_on_its_own():
+    job = jobs.enqueue("test.gated", {"turn_aways": 2})
+    held, _ = lease.claim("w", queues=["default"], operations=["test.gated"], lease_seconds=30)
+    entry = {"error_class": "GateClosed", "message": "closed"}
+    now = timezone.now()
+    lease.record_failure(held, entry, retry_at=now, consume_attempt=False, coalesce=True)
+    held, _ = lease.claim("w", queues=["default"], operations=["test.gated"], lease_seconds=30)
+    # This lease committed a unit: its started event stays, the turn-away gets its own.
+    lease.record_failure(held, entry, retry_at=now, consume_attempt=False, coalesce=False)
+    assert kinds(job) == ["enqueued", "started", "rescheduled", "started", "rescheduled"]
+
+
+def test_failure__while_cancelling_keeps_its_error_and_attempt():
+    job = jobs.enqueue("test.rows", {"units": 3})
+    held, _ = lease.claim("w", queues=["default"], operations=["test.rows"], lease_seconds=30)
+    assert jobs.cancel(job.pk, actor="ops").state == "cancelling"
+    entry = {"error_class": "RuntimeError", "message": "boom", "attempt": 1}
+    lease.record_failure(held, entry, retry_at=timezone.now())
+    job.refresh_from_db()
+    assert (job.state, job.attempts, job.last_error_class) == ("cancelled", 1, "RuntimeError")
+    assert job.errors == [entry]
+
+
 def test_unavailable__pauses_with_an_actionable_reason_and_spends_no_attempt():
     job = drain(jobs.enqueue("test.needs_credential", {"token_ref": "missing-one"}).pk)
     assert job.state == "paused"
@@ -547,8 +584,24 @@ def test_restart_policy__spec_table_for_jobs_of_a_stopped_worker(
     assert seqs(job) == list(range(1, job.event_seq + 1))
     assert seen[0]["previous_owner"] == "dead-worker"
     assert seen[0]["new_state"] == expected_state
+    assert seen[0]["checkpoint"] == {"next": 2}  # where it was, even when retry drops it
     # "retry" starts over: its unit results go too, so every unit runs again.
     assert UnitResult.objects.filter(job=job).exists() is (policy != "retry" or state != "running")
+
+
+def test_restart_policy__reclaimed_jobs_are_spread_out_not_all_due_at_once():
+    created = [jobs.enqueue("test.rows", {}) for _ in range(8)]
+    for job in created:
+        leased(job, state="running")
+    assert len(rescue.reclaim("me")) == 8
+    # Each job's delay after the moment it was taken back (its updated_at).
+    delays = sorted(
+        (due - taken_back).total_seconds()
+        for due, taken_back in Job.objects.values_list("next_attempt_at", "updated_at")
+    )
+    assert delays[0] == 0  # the first one is due at once
+    assert delays[-1] > 0  # the others are spread with jitter...
+    assert delays[-1] <= 0.7  # ... within 0.1 s per job already taken back
 
 
 def test_restart_policy__a_live_lease_is_left_alone():

@@ -7,6 +7,7 @@
   ``cooperative`` its sleep polls ``ctx.should_stop()`` and raises ``Stopping``.
 - ``test.overrun``: ``test.append`` whose first attempt overruns a 1 s ``unit_timeout``.
 - ``test.flaky``: fails its first ``fail_times`` attempts with a chosen error.
+- ``test.gated``: turned away (``RetryLater``, no attempt spent) ``turn_aways`` times, like a gate.
 - ``test.needs_credential``: needs the credential named by ``token_ref``.
 - ``test.form``: takes its input from a Django form (the dashboard's "New job").
 - ``test.one_per_target``: privileged, one unfinished job per target (``unique_key``).
@@ -130,6 +131,24 @@ class Flaky(Operation):
         if kind == "retry_later":
             raise RetryLater(message, at=timezone.now() + timedelta(seconds=ctx.input["delay"]))
         raise RuntimeError(message)
+
+
+@register
+class Gated(Operation):
+    """Turned away ``turn_aways`` times before its one unit runs, like a closed gate."""
+
+    name = "test.gated"
+
+    def units(self, ctx: JobContext) -> Iterator[Unit]:
+        if not ctx.checkpoint:
+            yield Unit(key="only", checkpoint={"done": True})
+
+    def run_unit(self, ctx: JobContext, unit: Unit) -> None:
+        tries = SideEffect.objects.filter(job_id=ctx.job_id, key="try").count()
+        SideEffect.objects.create(job_id=ctx.job_id, key="try", worker=ctx.worker_id)
+        if tries < ctx.input.get("turn_aways", 0):
+            raise RetryLater(f"gate closed (try {tries + 1})", at=timezone.now(),
+                             consume_attempt=False)  # fmt: skip
 
 
 @register

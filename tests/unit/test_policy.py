@@ -13,6 +13,7 @@ from durable.policy import (
     backoff_delay,
     error_entry,
     parse_duration,
+    reclaim_delay,
     redact,
     truncate_utf8,
     worker_alive,
@@ -170,3 +171,25 @@ def test_may_start__table(access: str, privileged: bool, allowed: bool):
 def test_worker_alive__judged_by_the_worker_s_own_lease(silent_for, lease_seconds, alive):
     heartbeat_at = NOW - timedelta(seconds=silent_for)
     assert worker_alive(heartbeat_at=heartbeat_at, lease_seconds=lease_seconds, now=NOW) is alive
+
+
+@pytest.mark.parametrize(
+    ("position", "ceiling"),
+    [
+        (0, 0.0),  # the first job taken back is due at once
+        (1, 0.1),
+        (10, 1.0),  # the spread grows with the number taken back in the round
+        (10_000, 30.0),  # capped: even a huge backlog starts within 30 s
+    ],
+)
+def test_reclaim_delay__spreads_jobs_with_jitter_within_a_cap(position, ceiling):
+    rng = random.Random(7)
+    delays = [reclaim_delay(position, rng=rng) for _ in range(200)]
+    assert all(0.0 <= delay <= ceiling for delay in delays)
+    if ceiling:
+        assert max(delays) > ceiling / 2  # jittered over the range, not one instant
+
+
+def test_reclaim_delay__refuses_a_negative_position():
+    with pytest.raises(ValueError, match="from 0"):
+        reclaim_delay(-1)
