@@ -13,6 +13,7 @@ from django.utils import timezone
 from durable import jobs, lease, rescue, signals
 from durable.errors import InputRejected, LeaseLost, UnknownOperation
 from durable.models import Job, JobEvent, UnitResult, WorkerProcess
+from durable.operations import get_operation
 from durable.policy import MAX_ERROR_MESSAGE_BYTES
 from tests.testapp.models import SideEffect
 
@@ -698,7 +699,11 @@ def test_purge__deletes_old_finished_jobs_and_never_unfinished_ones():
     unfinished = []
     for state in ("queued", "running", "paused", "cancelling"):
         job = jobs.enqueue("test.rows", {})
-        Job.objects.filter(pk=job.pk).update(state=state, created_at=old, updated_at=old)
+        # An old finished_at too (a job retried after it finished keeps one), so
+        # only the state can keep these: the test fails if that check goes.
+        Job.objects.filter(pk=job.pk).update(
+            state=state, created_at=old, updated_at=old, finished_at=old
+        )
         unfinished.append(job.pk)
     recent = jobs.enqueue("test.rows", {})
     Job.objects.filter(pk=recent.pk).update(state="completed", finished_at=timezone.now())
@@ -709,6 +714,73 @@ def test_purge__deletes_old_finished_jobs_and_never_unfinished_ones():
     assert set(unfinished) <= remaining
     assert recent.pk in remaining
     assert not JobEvent.objects.filter(job_id__in=finished).exists()
+
+
+@pytest.mark.django_db(transaction=True)  # an operator's action on another connection
+def test_purge__a_job_retried_while_its_batch_is_being_deleted_is_kept():
+    """The window: after the purge chose its batch, before it deleted it."""
+    import threading
+
+    from django.db import connection, transaction
+    from django.db.models.signals import post_init
+
+    old = timezone.now() - timedelta(days=40)
+    job = drain(jobs.enqueue("test.flaky", {"fail_times": 10}).pk)  # failed
+    Job.objects.filter(pk=job.pk).update(finished_at=old)
+    purge = jobs.enqueue("durable.purge", {"older_than": "30d"})
+    in_window, retried = threading.Event(), threading.Event()
+    outcome = {}
+
+    def operator_retries() -> None:
+        try:
+            with transaction.atomic():
+                outcome["retry"] = jobs.retry_now(job.pk, actor="ops")
+                in_window.wait(2)  # commit while the purge is between its read and its delete
+        finally:
+            retried.set()
+            connection.close()
+
+    def purge_loaded_a_job(sender, instance, **kwargs) -> None:
+        # Django's delete() loads the rows it will delete; this is the window.
+        if threading.current_thread() is threading.main_thread() and instance.pk == job.pk:
+            in_window.set()
+            retried.wait(5)
+
+    operator = threading.Thread(target=operator_retries)
+    post_init.connect(purge_loaded_a_job, sender=Job)
+    try:
+        operator.start()
+        time.sleep(0.2)  # the operator's transaction holds the job's row now
+        purge = drain(purge.pk)
+    finally:
+        post_init.disconnect(purge_loaded_a_job, sender=Job)
+        in_window.set()
+        operator.join(10)
+    assert outcome["retry"].applied
+    assert (purge.state, purge.attempts) == ("completed", 0)
+    job.refresh_from_db()  # still there
+    assert job.state == "queued"
+    assert kinds(job)[-1] == "retried"
+
+
+def test_purge__the_command_defaults_to_the_retention_setting(settings, capsys):
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    settings.DURABLE_RETENTION = "12h"
+    call_command("purge_jobs", "--enqueue")
+    assert Job.objects.get(operation="durable.purge").input == {"older_than": "12h"}
+    settings.DURABLE_RETENTION = "off"
+    with pytest.raises(CommandError, match="--older-than"):
+        call_command("purge_jobs")
+
+
+def test_purge__only_privileged_users_may_start_it_by_hand():
+    from durable.operations import may_start
+
+    op = get_operation("durable.purge")
+    assert not may_start(op, privileged=False)
+    assert may_start(op, privileged=True)
 
 
 def test_purge__refuses_a_nonsense_age():
