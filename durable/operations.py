@@ -253,6 +253,8 @@ def registered() -> dict[str, Operation]:
 
 
 def check_payload(unit: Unit) -> None:
+    if unit.payload is None or isinstance(unit.payload, int | float | bool):
+        return  # nothing to measure (checked once per unit: the hot path)
     size = len(json.dumps(unit.payload, default=str).encode())
     if size > MAX_UNIT_PAYLOAD_BYTES:
         raise NonRetryable(

@@ -222,6 +222,40 @@ def test_renewal__a_job_that_just_completed_is_not_reported_as_a_lost_lease(capl
     assert "lease lost" not in caplog.text
 
 
+@pytest.mark.django_db(transaction=True)  # the unit commit outside any transaction, as a worker's
+def test_commit__outside_a_transaction_is_fenced_extends_the_lease_and_leaves_no_transaction():
+    from django.db import connection
+
+    job = jobs.enqueue("test.append", {"units": 3})
+    stale, _ = lease.claim("old", queues=["default"], operations=["test.append"], lease_seconds=1)
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert rescue.reclaim("rescuer") == [job.pk]
+    fresh, _ = lease.claim("new", queues=["default"], operations=["test.append"], lease_seconds=1)
+    with pytest.raises(LeaseLost):
+        lease.commit_unit(stale, key="u0", result=None, checkpoint={"next": 1}, units_total=3)
+    assert not connection.in_atomic_block
+    assert not UnitResult.objects.filter(job=job).exists()  # the stale worker wrote nothing
+    before = Job.objects.get(pk=job.pk).lease_expires_at
+    state = lease.commit_unit(
+        fresh, key="u0", result={"ok": 1}, checkpoint={"next": 1}, units_total=3, lease_seconds=60
+    )
+    assert state == "running"
+    after = Job.objects.get(pk=job.pk)
+    assert (after.checkpoint, after.units_done) == ({"next": 1}, 1)
+    assert after.lease_expires_at > before + timedelta(seconds=30)  # the commit renewed it
+    # With most of the lease left, the next commit leaves the indexed expiry as it
+    # is (PostgreSQL keeps such an update HOT: no index writes per unit).
+    lease.commit_unit(
+        fresh, key="u1", result=None, checkpoint={"next": 2}, units_total=3, lease_seconds=60
+    )
+    assert Job.objects.get(pk=job.pk).lease_expires_at == after.lease_expires_at
+    assert UnitResult.objects.get(job=job, key="u0").result == {"ok": 1}
+    # A repeated commit of the same unit keeps the first evidence.
+    lease.commit_unit(fresh, key="u0", result={"ok": 2}, checkpoint={"next": 2}, units_total=3)
+    assert UnitResult.objects.get(job=job, key="u0").result == {"ok": 1}
+    jobs.enqueue("test.rows", {})  # the connection is usable: no transaction left open
+
+
 # --- failures and retries -------------------------------------------------------------
 
 
