@@ -4,10 +4,11 @@
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/NAME python bench/throughput.py
 
 Enqueues N ``durable.noop`` jobs of M units (default 200 x 500: a measuring
-window of tens of seconds, long enough that scheduling noise on a shared
-machine averages out), runs ``runworker --burst`` with 1 and then 4 worker
-processes, and reports units/s and jobs/s over the window from the first
-claim to the last completion (process start-up excluded).
+window of several seconds on SQLite and about a minute on PostgreSQL, long
+enough that scheduling noise on a shared machine averages out), runs
+``runworker --burst`` with 1 and then 4 worker processes, and reports units/s
+and jobs/s over the window from the first claim to the last completion
+(process start-up excluded).
 The baseline, measured in the same run on the same database: a loop of
 single-row UPDATE + INSERT transactions through Django's connection
 (``transaction.atomic`` + ``cursor.execute``), i.e. what the cheapest possible

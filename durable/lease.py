@@ -402,10 +402,13 @@ def _commit_direct(conn: Any, d: _Dialect, params: list, result: list) -> tuple 
                 row = cursor.fetchone()
                 if row is not None:
                     cursor.execute(d.result_sql, [params[-3], *result])
+                cursor.execute("COMMIT" if row is not None else "ROLLBACK")
             except BaseException:
-                cursor.execute("ROLLBACK")
+                # Never leave Django's autocommit connection inside a transaction,
+                # not even when COMMIT itself failed.
+                if conn.connection.in_transaction:
+                    cursor.execute("ROLLBACK")
                 raise
-            cursor.execute("COMMIT" if row is not None else "ROLLBACK")
             return row
         finally:
             cursor.close()

@@ -244,7 +244,9 @@ class WorkerProcess(models.Model):
     queues = models.JSONField(default=list)
     concurrency = models.PositiveSmallIntegerField(default=1)
     # Its heartbeat comes every third of this; liveness is judged against it.
-    lease_seconds = models.FloatField(default=30.0)
+    # db_default: during a rolling deploy, workers of the previous release
+    # still register without it.
+    lease_seconds = models.FloatField(default=30.0, db_default=30.0)
     started_at = models.DateTimeField(default=timezone.now)
     heartbeat_at = models.DateTimeField(default=timezone.now)
     stopped_at = models.DateTimeField(null=True, blank=True)

@@ -711,6 +711,19 @@ def test_restart_policy__a_peer_with_a_longer_lease_is_alive_between_its_heartbe
     assert WorkerProcess.objects.get(worker_id="fresh").lease_seconds == 10
 
 
+def test_registry__a_worker_of_the_previous_release_can_still_register():
+    """Rolling deploy: the old code inserts worker rows without lease_seconds."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO durable_workerprocess (worker_id, hostname, pid, host_key, queues, "
+            "concurrency, started_at, heartbeat_at) VALUES (%s, 'h', 1, '', '[]', 1, %s, %s)",
+            ["old-release", timezone.now(), timezone.now()],
+        )
+    assert WorkerProcess.objects.get(worker_id="old-release").lease_seconds == 30
+
+
 def test_restart_policy__a_dead_local_worker_is_reclaimed_without_waiting_for_its_lease():
     WorkerProcess.objects.create(
         worker_id="crashed", hostname="h", pid=2**22 + 12345, host_key=rescue.host_key()
