@@ -36,6 +36,21 @@ class VerificationFailed(DurableError):
     """A unit ran but its result did not check out; the unit is retried."""
 
 
+class Stopping(DurableError):
+    """Raised by a unit that saw ``ctx.should_stop()`` and stopped before finishing.
+
+    Nothing of the unit is committed (an atomic unit's rows roll back); the job
+    is handed back as asked — released to the queue on shutdown, left paused,
+    or cancelled — with **no attempt spent**, and the unit runs again later.
+    Raised when nothing asked the unit to stop, it counts as an ordinary
+    retryable failure, so a unit cannot loop on it.
+    """
+
+
+class UnitTimeout(DurableError):
+    """A unit ran past its operation's ``unit_timeout`` and stopped when asked: an attempt."""
+
+
 class LeaseLost(DurableError):
     """This worker no longer holds the job (expired and reclaimed, or cancelled)."""
 

@@ -101,6 +101,26 @@ def announce_change(job: Job, old_state: str, kind: str, message: str, data: dic
     )
 
 
+def needs_attention(job: Job, cause: str, reason: str) -> None:
+    """Announce (after commit) that ``job`` stopped and needs a person.
+
+    ``next_attempt_at`` is the job's own when it will run again by itself
+    (queued), else None: a paused or failed job has no next attempt until
+    someone acts.
+    """
+    signals.send_on_commit(
+        signals.job_needs_attention,
+        job_id=job.pk,
+        operation=job.operation,
+        state=job.state,
+        cause=cause,
+        reason=reason,
+        checkpoint=job.checkpoint,
+        attempt=job.attempts,
+        next_attempt_at=job.next_attempt_at if job.state == JobState.QUEUED else None,
+    )
+
+
 # --- enqueue --------------------------------------------------------------------
 
 
@@ -215,6 +235,9 @@ def _fields_for(decision: Decision, action: Action, actor: str, now: datetime) -
         fields.update(lease_owner=None, lease_expires_at=None)
     if target is JobState.QUEUED:
         fields.update(reason="", error_code="", finished_at=None)
+    if target is JobState.RUNNING:
+        # Resumed while its worker still holds it: "paused by …" is no longer true.
+        fields.update(reason="", error_code="")
     if target is JobState.PAUSED:
         fields["reason"] = f"paused by {actor}" if actor else "paused by an operator"
     if target is JobState.CANCELLED:
@@ -230,15 +253,20 @@ def _apply_batch(action: Action, ids: Sequence[int], actor: str) -> list[Outcome
     now = timezone.now()
     outcomes: list[Outcome] = []
     with transaction.atomic():
-        jobs = list(Job.objects.select_for_update().filter(pk__in=ids).order_by("pk"))
+        # "Is the lease live?" and "is it due?" are answered in SQL, on the clock
+        # leases are written with: on PostgreSQL a web server whose clock runs
+        # ahead would otherwise see a worker's live lease as expired (and, say,
+        # requeue a paused job its worker is still running).
+        jobs = list(Job.objects.select_for_update().filter(pk__in=ids).with_clock().order_by("pk"))
         groups: dict[tuple, list[Job]] = defaultdict(list)
         decisions: dict[int, Decision] = {}
         for job in jobs:
             decision = decide(
                 action,
                 job.state,
-                lease_held=job.lease_is_live(now),
+                lease_held=bool(job.lease_held),
                 exhausted=job.attempts >= job.max_attempts,
+                due=bool(job.due),
             )
             decisions[job.pk] = decision
             if decision.refused:

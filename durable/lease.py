@@ -17,23 +17,23 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import connection, transaction
-from django.db.models.functions import Now
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.utils import timezone
 
-from . import signals
 from .errors import LeaseLost, NonRetryable
-from .jobs import add_events, announce_change, log_state
+from .jobs import add_events, announce_change, log_state, needs_attention
 from .models import Job, JobEvent, UnitResult
-from .policy import append_bounded, truncate_utf8
+from .policy import MAX_ERROR_MESSAGE_BYTES, append_bounded, truncate_utf8
 from .states import LEASED_STATES, JobState
 
 log = logging.getLogger("durable.lease")
 
 MAX_RESULT_BYTES = 64 * 1024
+MAX_TURN_AWAY_REASONS = 4  # distinct reasons a coalesced "rescheduled" event lists
 _LEASED = tuple(str(state) for state in LEASED_STATES)
 
 
@@ -44,9 +44,13 @@ class Lease:
     epoch: int
 
 
-def db_now() -> Any:
-    """``now`` for ORM filters, on the clock that lease times are written with."""
-    return Now() if connection.vendor == "postgresql" else timezone.now()
+def database_now() -> datetime:
+    """``now`` as a value, on the clock that lease times are written with."""
+    if connection.vendor != "postgresql":
+        return timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
 
 
 class _Dialect:
@@ -66,22 +70,62 @@ class _Dialect:
         # (atomic) still brackets them.
         p = "%s" if self.pg else "?"
         pj = f"{p}::jsonb" if self.pg else p
+        # The commit also extends the lease (one statement instead of a commit
+        # plus a renewal): a unit that ran for most of a lease, or an atomic unit
+        # whose fence() renewal was invisible to peers until now, leaves with a
+        # full lease. Only once less than two thirds of it is left, though:
+        # lease_expires_at is indexed, and an unchanged value keeps PostgreSQL's
+        # update HOT (no index writes) for the many short units in between.
+        # NULL seconds keep the expiry as it is.
+        later = f"clock_timestamp() + make_interval(secs => {p})" if self.pg else p
+        third = f"make_interval(secs => {p} / 3.0)" if self.pg else None
+        extend = (
+            f"CASE WHEN lease_expires_at < {later} - {third} THEN {later} ELSE lease_expires_at END"
+            if self.pg
+            # SQLite: text timestamps; ``later`` and ``later - lease/3`` come as values.
+            else f"CASE WHEN lease_expires_at < {p} THEN {p} ELSE lease_expires_at END"
+        )
         self.commit_sql = (
             f"UPDATE {self.table} SET checkpoint = {pj}, units_done = units_done + 1, "
             f"units_total = COALESCE({p}, units_total), updated_at = {p}, "
-            f"event_seq = event_seq + {p} "
-            f"WHERE id = {p} AND lease_owner = {p} AND lease_epoch = {p} "
+            f"event_seq = event_seq + {p}, lease_expires_at = COALESCE({extend}, "
+            f"lease_expires_at) WHERE id = {p} AND lease_owner = {p} AND lease_epoch = {p} "
             f"AND state IN ({leased}) RETURNING state, event_seq"
         )
         self.result_sql = (
             f"INSERT INTO {self.results} (job_id, key, result, created_at) "
             f"VALUES ({p}, {p}, {pj}, {p}) ON CONFLICT (job_id, key) DO NOTHING"
         )
+        # PostgreSQL: both writes in one statement (data-modifying CTEs), which
+        # in autocommit mode is its own transaction — one round trip per unit
+        # instead of BEGIN, UPDATE, INSERT, COMMIT. The INSERT sees only the
+        # row the UPDATE returned, so a lost lease writes nothing at all.
+        self.commit_one_sql = (
+            f"WITH moved AS ({self.commit_sql.replace('RETURNING state, event_seq', '')}"
+            f"RETURNING id, state, event_seq), "
+            f"evidence AS (INSERT INTO {self.results} (job_id, key, result, created_at) "
+            f"SELECT id, {p}, {pj}, {p} FROM moved ON CONFLICT (job_id, key) DO NOTHING) "
+            f"SELECT state, event_seq FROM moved"
+        )
+        # SQLite stores datetimes as text; Django's adapter costs more than a
+        # unit's statements, so the hot path formats them itself when that is
+        # exactly what Django would write (USE_TZ, the connection in UTC).
+        self.utc_text = not self.pg and settings.USE_TZ and connection.timezone == UTC
+        held = f"id = %s AND lease_owner = %s AND lease_epoch = %s AND state IN ({leased})"
         self.renew_sql = (
             f"UPDATE {self.table} SET lease_expires_at = {self.later_sql} "
-            f"WHERE id = %s AND lease_owner = %s AND lease_epoch = %s "
-            f"AND state IN ({leased}) RETURNING state"
+            f"WHERE {held} RETURNING state"
         )
+        # The renewal thread's form: never waits for a row lock. The one lock it
+        # could meet is its own process's atomic unit holding the row (fence());
+        # waiting for it would stall every other lease and the heartbeat.
+        self.renew_nowait_sql = (
+            f"UPDATE {self.table} SET lease_expires_at = {self.later_sql} WHERE id = "
+            f"(SELECT id FROM {self.table} WHERE {held} FOR UPDATE SKIP LOCKED) RETURNING state"
+            if self.pg
+            else self.renew_sql
+        )
+        self.held_sql = f"SELECT state FROM {self.table} WHERE {held}"
 
     @property
     def now_sql(self) -> str:
@@ -205,6 +249,30 @@ def renew(lease: Lease, lease_seconds: float) -> str | None:
     return row[0] if row else None
 
 
+BUSY = "busy"  # renew_unless_busy: the row is locked; the lease is still ours
+
+
+def renew_unless_busy(lease: Lease, lease_seconds: float) -> str | None:
+    """``renew`` for the renewal thread: returns BUSY instead of waiting for a row lock.
+
+    A locked row is one a transaction is changing right now — this process's
+    own atomic unit (which renewed the lease in fence() and renews it again
+    when it commits) or, briefly, an operator action — so skipping this round
+    loses nothing. SQLite has no row locks; its writers queue for the one lock.
+    """
+    d = _dialect()
+    params = [*d.later(timezone.now(), lease_seconds), lease.job_id, lease.owner, lease.epoch]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(d.renew_nowait_sql, params)
+        row = cursor.fetchone()
+        if row is None and d.pg:
+            # Not renewed: lost, or merely locked? A plain read never waits.
+            cursor.execute(d.held_sql, [lease.job_id, lease.owner, lease.epoch])
+            if cursor.fetchone() is not None:
+                return BUSY
+    return row[0] if row else None
+
+
 def fence(lease: Lease, lease_seconds: float) -> str:
     """Inside a transaction: renew and lock the job row, or raise LeaseLost.
 
@@ -236,12 +304,14 @@ def commit_unit(
     checkpoint: Any,
     units_total: int | None,
     events: list[tuple[str, str, dict]] | None = None,
+    lease_seconds: float | None = None,
 ) -> str:
-    """Step 4: advance the checkpoint, store the unit's result and its events.
+    """Step 4 (and 5's renewal): advance the checkpoint, store the result and events.
 
     One transaction, conditional on the lease: returns the job's state after
     the commit (running, or paused/cancelling if an operator asked meanwhile)
-    or raises LeaseLost and writes nothing.
+    or raises LeaseLost and writes nothing. With ``lease_seconds`` the same
+    statement extends the lease.
     """
     encoded = _encode(result)
     if len(encoded) > MAX_RESULT_BYTES:  # ASCII-only: characters are bytes
@@ -249,13 +319,41 @@ def commit_unit(
             f"unit {key!r} returned {len(encoded)} bytes; a unit result is evidence, "
             f"keep it under {MAX_RESULT_BYTES} bytes"
         )
+    conn = connections[DEFAULT_DB_ALIAS]  # one lookup: the proxy costs one per attribute
     d = _dialect()
-    now = connection.ops.adapt_datetimefield_value(timezone.now())
-    params = [_encode(checkpoint), units_total, now, len(events or ())]
+    moment = timezone.now()
+    if d.utc_text:
+        now = str(moment.astimezone(UTC).replace(tzinfo=None))
+    else:
+        now = conn.ops.adapt_datetimefield_value(moment)
+    if d.pg:
+        # CASE WHEN expiry < later - lease/3 THEN later: seconds, seconds, seconds
+        extend = [lease_seconds] * 3
+    elif lease_seconds is None:
+        extend = [None, None]
+    else:
+        later = moment + timedelta(seconds=lease_seconds)
+        renew_below = later - timedelta(seconds=lease_seconds / 3)
+        if d.utc_text:
+            extend = [str(t.astimezone(UTC).replace(tzinfo=None)) for t in (renew_below, later)]
+        else:
+            extend = [conn.ops.adapt_datetimefield_value(t) for t in (renew_below, later)]
+    params = [_encode(checkpoint), units_total, now, len(events or ()), *extend]
     params += [lease.job_id, lease.owner, lease.epoch]
+    if not events and not conn.in_atomic_block:
+        # The hot path: no events to number, no outer transaction (a non-atomic
+        # unit), so the commit goes straight to the driver.
+        row = _commit_direct(conn, d, params, [key, encoded, now])
+        if row is None:
+            raise LeaseLost(
+                f"job {lease.job_id}: checkpoint refused, lease epoch {lease.epoch} lost"
+            )
+        return row[0]
+    # Inside an atomic unit's transaction (a savepoint: a caller may catch
+    # LeaseLost and carry on with its own transaction), or with events to add.
     with transaction.atomic():
-        connection.ensure_connection()
-        cursor = connection.connection.cursor()
+        conn.ensure_connection()
+        cursor = conn.connection.cursor()
         try:
             cursor.execute(d.commit_sql, params)
             row = cursor.fetchone()
@@ -281,6 +379,39 @@ def commit_unit(
                 for index, (kind, message, data) in enumerate(events)
             )
     return state
+
+
+def _commit_direct(conn: Any, d: _Dialect, params: list, result: list) -> tuple | None:
+    """A unit commit on the DB-API connection, Django's being in autocommit mode.
+
+    PostgreSQL: one statement, atomic by itself. SQLite: BEGIN IMMEDIATE (the
+    write lock first, as Django's own transactions take it), the two writes,
+    COMMIT — or ROLLBACK on any error or a lost lease. Errors still come out
+    as Django's database exceptions.
+    """
+    with conn.wrap_database_errors:
+        conn.ensure_connection()
+        cursor = conn.connection.cursor()
+        try:
+            if d.pg:
+                cursor.execute(d.commit_one_sql, params + result)
+                return cursor.fetchone()
+            cursor.execute("BEGIN IMMEDIATE")
+            try:
+                cursor.execute(d.commit_sql, params)
+                row = cursor.fetchone()
+                if row is not None:
+                    cursor.execute(d.result_sql, [params[-3], *result])
+                cursor.execute("COMMIT" if row is not None else "ROLLBACK")
+            except BaseException:
+                # Never leave Django's autocommit connection inside a transaction,
+                # not even when COMMIT itself failed.
+                if conn.connection.in_transaction:
+                    cursor.execute("ROLLBACK")
+                raise
+            return row
+        finally:
+            cursor.close()
 
 
 # --- fenced transitions ------------------------------------------------------------
@@ -312,7 +443,8 @@ def _save(job: Job, now: datetime, event: tuple[str, str, dict], **fields: Any) 
 _FREE = {"lease_owner": None, "lease_expires_at": None}
 
 
-def _cancelled(job: Job, now: datetime) -> None:
+def _cancelled(job: Job, now: datetime, **fields: Any) -> None:
+    """The cancel is done; ``fields`` are saved with it (a failure's attempt and error)."""
     _save(
         job,
         now,
@@ -321,17 +453,25 @@ def _cancelled(job: Job, now: datetime) -> None:
         finished_at=now,
         error_code="cancelled",
         reason=job.reason or "cancelled",
-        **_FREE,
+        **{**fields, **_FREE},
     )
 
 
 def complete(lease: Lease) -> str:
-    """All units done. A cancel accepted meanwhile wins: the job ends cancelled."""
+    """All units done. A cancel accepted meanwhile wins: the job ends cancelled.
+
+    A pause accepted meanwhile is honoured too: the job stays paused (lease
+    released) and completes once resumed — an operator who paused it must not
+    find it finished behind their back.
+    """
     now = timezone.now()
     with transaction.atomic():
         job = _locked(lease)
         if job.state == JobState.CANCELLING:
             _cancelled(job, now)
+        elif job.state == JobState.PAUSED:
+            Job.objects.filter(pk=job.pk).update(updated_at=now, **_FREE)
+            log_state(job, "lease_released", reason="paused")
         else:
             _save(
                 job,
@@ -401,21 +541,66 @@ def pause_unavailable(lease: Lease, reason: str) -> None:
             error_code="unavailable",
             **_FREE,
         )
-        _needs_attention(job, "unavailable", reason)
+        needs_attention(job, "unavailable", reason)
 
 
-def _needs_attention(job: Job, cause: str, reason: str) -> None:
-    signals.send_on_commit(
-        signals.job_needs_attention,
-        job_id=job.pk,
-        operation=job.operation,
-        state=job.state,
-        cause=cause,
-        reason=reason,
-        checkpoint=job.checkpoint,
-        attempt=job.attempts,
-        next_attempt_at=job.next_attempt_at if job.state == JobState.QUEUED else None,
+def _coalesce_turn_away(
+    job: Job, lease: Lease, entry: dict[str, Any], retry_at: datetime, now: datetime
+) -> bool:
+    """Fold a repeated turn-away into the previous one's ``rescheduled`` event.
+
+    Applies when this lease did nothing but be turned away again: the newest
+    event is this claim's ``started`` and the one before it the previous
+    turn-away. Then that ``started`` is withdrawn (its seq is reused by the
+    next event) and the ``rescheduled`` event counts one more (``turn_aways``,
+    ``last_message``, ``last_at``; its message lists the first few distinct
+    reasons), so a backlog waiting behind a gate keeps two events per job
+    instead of two per try.
+    """
+    newest = {
+        event.seq: event
+        for event in JobEvent.objects.filter(job_id=job.pk, seq__gte=job.event_seq - 1)
+    }
+    started, previous = newest.get(job.event_seq), newest.get(job.event_seq - 1)
+    if not (
+        started is not None
+        and started.kind == "started"
+        and started.data.get("epoch") == lease.epoch
+        and previous is not None
+        and previous.kind == "rescheduled"
+    ):
+        return False
+    started.delete()
+    reason = truncate_utf8(entry["message"], MAX_ERROR_MESSAGE_BYTES)
+    reasons = list(previous.data.get("reasons") or [previous.message])
+    if reason not in reasons and len(reasons) < MAX_TURN_AWAY_REASONS:
+        reasons.append(reason)
+    previous.message = truncate_utf8(" | ".join(reasons), MAX_ERROR_MESSAGE_BYTES)
+    previous.data = {
+        **previous.data,
+        "next_attempt_at": retry_at.isoformat(),
+        "turn_aways": int(previous.data.get("turn_aways", 1)) + 1,
+        "reasons": reasons,
+        "last_message": reason,
+        "last_at": now.isoformat(),
+    }
+    previous.save(update_fields=["message", "data"])
+    old_state = job.state
+    job.event_seq -= 1
+    job.state, job.next_attempt_at, job.updated_at = JobState.QUEUED, retry_at, now
+    job.lease_owner = job.lease_expires_at = None
+    job.save(
+        update_fields=[
+            "state",
+            "next_attempt_at",
+            "updated_at",
+            "lease_owner",
+            "lease_expires_at",
+            "event_seq",
+        ]
     )
+    announce_change(job, old_state, "rescheduled", entry["message"], previous.data)
+    return True
 
 
 def record_failure(
@@ -425,12 +610,15 @@ def record_failure(
     retry_at: datetime | None,
     consume_attempt: bool = True,
     on_exhausted: str = JobState.FAILED,
+    coalesce: bool = False,
 ) -> str:
     """A unit failed. ``retry_at`` None means non-retryable: fail now.
 
     The retry time and the attempt count are committed *before* the lease is
     released, so a restart during the backoff neither resets the wait nor
-    retries early. Returns the resulting state.
+    retries early. ``coalesce``: the lease committed no unit, so a repeated
+    turn-away may be folded into the previous one's event. Returns the
+    resulting state.
     """
     now = timezone.now()
     with transaction.atomic():
@@ -441,11 +629,12 @@ def record_failure(
                 _cancelled(job, now)
             elif job.state == JobState.PAUSED:
                 Job.objects.filter(pk=job.pk).update(updated_at=now, **_FREE)
-            else:
+            elif not (coalesce and _coalesce_turn_away(job, lease, entry, retry_at, now)):
+                facts = {"next_attempt_at": retry_at.isoformat(), "turn_aways": 1}
                 _save(
                     job,
                     now,
-                    ("rescheduled", entry["message"], {"next_attempt_at": retry_at.isoformat()}),
+                    ("rescheduled", entry["message"], facts),
                     state=JobState.QUEUED,
                     next_attempt_at=retry_at,
                     **_FREE,
@@ -462,8 +651,7 @@ def record_failure(
         message = entry["message"]
         facts = {"error_class": entry["error_class"], "attempt": attempts}
         if job.state == JobState.CANCELLING:
-            job.errors, job.attempts = history, attempts
-            _cancelled(job, now)
+            _cancelled(job, now, **common)  # the failed attempt stays on record
             return job.state
         if retry_at is None:
             reason = f"failed permanently: {message}"
@@ -477,7 +665,7 @@ def record_failure(
                 error_code="non_retryable",
                 **common,
             )
-            _needs_attention(job, "non_retryable", reason)
+            needs_attention(job, "non_retryable", reason)
             return job.state
         if attempts >= job.max_attempts:
             target = JobState(on_exhausted)
@@ -493,7 +681,7 @@ def record_failure(
                 **common,
                 **extra,
             )
-            _needs_attention(job, "exhausted", reason)
+            needs_attention(job, "exhausted", reason)
             return job.state
         if job.state == JobState.PAUSED:
             _save(job, now, ("failed_attempt", message, facts), **common)

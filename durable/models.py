@@ -9,12 +9,23 @@ event, in one transaction. Application code reads them through the
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
-from django.db import models
+from django.db import connection, models
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from .states import FINISHED_STATES, LEASED_STATES, UNFINISHED_STATES, JobState, OnRestart
+
+
+def db_now() -> Any:
+    """``now`` for ORM filters, on the clock that lease times are written with.
+
+    PostgreSQL's own clock (workers on several machines agree on it; a web
+    server's skew does not matter), else this process's (SQLite: one machine).
+    """
+    return Now() if connection.vendor == "postgresql" else timezone.now()
 
 
 class JobQuerySet(models.QuerySet):
@@ -42,6 +53,19 @@ class JobQuerySet(models.QuerySet):
         """Waiting out a backoff after at least one failed attempt."""
         return self.filter(
             state=JobState.QUEUED, attempts__gt=0, next_attempt_at__gt=now or timezone.now()
+        )
+
+    def with_clock(self) -> JobQuerySet:
+        """Annotate ``lease_held`` and ``due``, compared in SQL on the lease clock."""
+        now = db_now()
+        return self.annotate(
+            lease_held=models.ExpressionWrapper(
+                Q(lease_owner__isnull=False, lease_expires_at__gt=now),
+                output_field=models.BooleanField(),
+            ),
+            due=models.ExpressionWrapper(
+                Q(next_attempt_at__lte=now), output_field=models.BooleanField()
+            ),
         )
 
     def purgeable(self, older_than: datetime) -> JobQuerySet:
@@ -150,6 +174,7 @@ class Job(models.Model):
         return self.errors[-1] if self.errors else None
 
     def lease_is_live(self, now: datetime | None = None) -> bool:
+        """On this process's clock: fine for display; decisions use ``JobQuerySet.with_clock``."""
         return bool(
             self.lease_owner
             and self.lease_expires_at
@@ -200,7 +225,12 @@ class UnitResult(models.Model):
 
 
 class WorkerProcessQuerySet(models.QuerySet):
-    def alive(self, now: datetime, within: timedelta) -> WorkerProcessQuerySet:
+    def not_stopped(self, now: datetime, within: timedelta) -> WorkerProcessQuerySet:
+        """Not known to have exited, and heard from within ``within``: liveness candidates.
+
+        Whether one is alive depends on its own ``lease_seconds``
+        (``durable.policy.worker_alive``); ``within`` only bounds the rows read.
+        """
         return self.filter(stopped_at__isnull=True, heartbeat_at__gte=now - within)
 
 
@@ -213,6 +243,10 @@ class WorkerProcess(models.Model):
     host_key = models.CharField(max_length=100, blank=True, default="")
     queues = models.JSONField(default=list)
     concurrency = models.PositiveSmallIntegerField(default=1)
+    # Its heartbeat comes every third of this; liveness is judged against it.
+    # db_default: during a rolling deploy, workers of the previous release
+    # still register without it.
+    lease_seconds = models.FloatField(default=30.0, db_default=30.0)
     started_at = models.DateTimeField(default=timezone.now)
     heartbeat_at = models.DateTimeField(default=timezone.now)
     stopped_at = models.DateTimeField(null=True, blank=True)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.conf import settings
 
-from .errors import NonRetryable, UnknownOperation
+from .errors import NonRetryable, Stopping, UnknownOperation
 from .states import JobState, OnRestart
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -113,11 +113,18 @@ class JobContext:
     def should_stop(self) -> bool:
         """True once the worker is shutting down, or the job was paused or cancelled.
 
-        A long unit may poll this and return early; the unit is then repeated
-        later, so returning early must leave nothing half-done that a repeat
-        cannot finish.
+        A long unit may poll this and then ``raise Stopping()`` (or call
+        ``stop_if_requested()``): the job is handed back without spending an
+        attempt and the unit is repeated later, so what it did so far must be
+        safe to repeat. Do not just return: a returned result is verified and
+        committed, and the rest of the unit's work would be silently skipped.
         """
         return self.stop_requested.is_set()
+
+    def stop_if_requested(self) -> None:
+        """``raise Stopping`` if ``should_stop()``: a polling point for long units."""
+        if self.should_stop():
+            raise Stopping("the unit stopped early: the worker asked it to")
 
     def credential(self, name: str) -> str:
         """Resolve a credential reference at run time; the value is redacted from errors."""
@@ -153,9 +160,14 @@ class Operation:
     # for units whose only side effects are rows in this database: they become
     # exactly-once. Wrong for anything slow or external (it holds the write lock).
     atomic_units: ClassVar[bool] = False
-    # A unit running longer than this stops having its lease renewed, so a hung
-    # unit is eventually reclaimed instead of holding the job forever.
-    unit_timeout: ClassVar[float | None] = 3600.0
+    # Seconds a unit may run. Past it the unit is asked to stop (should_stop();
+    # raising Stopping then counts as a failed attempt, UnitTimeout). If it is
+    # still running a grace period later, the worker process drains its other
+    # jobs and exits (status 70), so the job is taken back as after a crash: a
+    # thread cannot be interrupted, and its lease is renewed until the process
+    # is gone, so the unit never runs twice at once. None: no limit — a hung unit
+    # holds its job until its worker is restarted.
+    unit_timeout: ClassVar[float | None] = None
     # A django.forms.Form whose cleaned_data is the job's input: the dashboard's
     # "New job" page renders it. None: the page offers a JSON input field.
     input_form: ClassVar[type | None] = None
@@ -241,6 +253,8 @@ def registered() -> dict[str, Operation]:
 
 
 def check_payload(unit: Unit) -> None:
+    if unit.payload is None or isinstance(unit.payload, int | float | bool):
+        return  # nothing to measure (checked once per unit: the hot path)
     size = len(json.dumps(unit.payload, default=str).encode())
     if size > MAX_UNIT_PAYLOAD_BYTES:
         raise NonRetryable(

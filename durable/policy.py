@@ -13,6 +13,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 MAX_ERROR_HISTORY = 20
+# A worker beats every third of *its own* lease; one silent for twice that lease
+# has certainly stopped renewing (its leases are gone too).
+WORKER_ALIVE_LEASES = 2.0
 MAX_ERROR_MESSAGE_BYTES = 2 * 1024
 MAX_TRACEBACK_BYTES = 4 * 1024
 TRUNCATION_MARK = "… [truncated]"
@@ -89,6 +92,39 @@ def append_bounded(history: list[dict] | None, entry: dict, limit: int = MAX_ERR
     """Keep the newest ``limit`` entries: the first failures matter less than the last."""
     items = [*(history or []), entry]
     return items[-limit:]
+
+
+RECLAIM_SPREAD_STEP = 0.1  # seconds of spread per job already taken back in the round
+RECLAIM_SPREAD_CAP = 30.0
+
+
+def reclaim_delay(
+    position: int,
+    *,
+    step: float = RECLAIM_SPREAD_STEP,
+    cap: float = RECLAIM_SPREAD_CAP,
+    rng: random.Random | None = None,
+) -> float:
+    """Seconds until the ``position``-th job (from 0) taken back in one round is due.
+
+    The first is due at once; the n-th uniformly within ``min(cap, n·step)``,
+    so the jobs of a crashed fleet start gradually, with jitter, instead of
+    all in the same instant on every restarted worker.
+    """
+    if position < 0:
+        raise ValueError("position counts from 0")
+    return (rng or random).uniform(0.0, min(cap, position * step))
+
+
+def worker_alive(*, heartbeat_at: datetime, lease_seconds: float, now: datetime) -> bool:
+    """Whether a worker that last beat at ``heartbeat_at`` still counts as running.
+
+    Judged by the worker's own lease, not the observer's: a new worker started
+    with ``--lease-seconds 10`` must not declare dead a peer running with 90 s
+    leases that beats every 30 s (and then fail the jobs it left queued).
+    """
+    window = timedelta(seconds=max(lease_seconds, 0.0) * WORKER_ALIVE_LEASES)
+    return heartbeat_at >= now - window
 
 
 _DURATION = re.compile(r"^\s*(\d+)\s*(s|m|h|d|w)?\s*$", re.IGNORECASE)

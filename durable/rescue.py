@@ -1,10 +1,11 @@
 """Restart recovery: take jobs back from workers that stopped, per their on_restart policy.
 
 Runs when a worker starts (before it claims anything) and periodically while
-it runs, in every worker process, so there is no single rescuer that can
-itself stall. Each reclaim is one conditional transaction on the job's
-observed lease epoch: two rescuers racing over the same job apply the policy
-once.
+it runs (on the worker's housekeeping thread, never the one renewing its own
+leases), in every worker process, so there is no single rescuer that can
+itself stall; it skips rows another transaction has locked instead of
+waiting. Each reclaim is one conditional transaction on the job's observed
+lease epoch: two rescuers racing over the same job apply the policy once.
 
 A lease is reclaimable when it expired, or — without waiting — when its
 owner ran in this same process space (same boot, same PID namespace) and
@@ -26,15 +27,18 @@ from django.db.models import Max, Q
 from django.utils import timezone
 
 from . import signals
-from .jobs import add_events, announce_change
-from .lease import db_now
-from .models import Job, UnitResult, WorkerProcess
-from .policy import append_bounded
+from .jobs import add_events, announce_change, needs_attention
+from .lease import database_now
+from .models import Job, UnitResult, WorkerProcess, db_now
+from .policy import append_bounded, reclaim_delay, worker_alive
 from .states import LEASED_STATES, JobState, OnRestart, RestartOutcome, on_restart
 
 log = logging.getLogger("durable.rescue")
 
 RECLAIM_BATCH = 200
+# Rows heard from longer ago than this are not read when judging liveness
+# (twice the longest lease runworker accepts).
+LIVENESS_HORIZON = timedelta(days=2)
 
 
 @cache
@@ -72,6 +76,22 @@ class StartupReport:
     reclaimed: list[int] = field(default_factory=list)
 
 
+def _gone_here(worker: WorkerProcess) -> bool:
+    """The worker ran in this PID space and its process no longer exists."""
+    mine = host_key()
+    return bool(mine) and worker.host_key == mine and not pid_alive(worker.pid)
+
+
+def any_worker_alive(now: datetime) -> bool:
+    """Is some registered worker still running? Each is judged by its own lease."""
+    candidates = WorkerProcess.objects.not_stopped(now, LIVENESS_HORIZON)
+    return any(
+        worker_alive(heartbeat_at=w.heartbeat_at, lease_seconds=w.lease_seconds, now=now)
+        and not _gone_here(w)
+        for w in candidates
+    )
+
+
 def register_worker(
     worker_id: str, *, queues: list[str], concurrency: int, lease_seconds: float
 ) -> tuple[bool, datetime | None]:
@@ -79,51 +99,50 @@ def register_worker(
 
     Serialised so that of several workers starting together exactly one sees a
     cold start. ``boundary`` is when the previous fleet was last seen alive: jobs
-    queued before it were left over by that fleet.
+    queued before it were left over by that fleet. Heartbeats and "now" are on
+    the database clock on PostgreSQL, so workers on machines with skewed clocks
+    still agree on who is alive.
     """
-    now = timezone.now()
     with transaction.atomic():
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_xact_lock(%s)", [0x64757261626C65])
-        alive = WorkerProcess.objects.alive(now, timedelta(seconds=lease_seconds)).exists()
+        now = database_now()
+        alive = any_worker_alive(now)
         boundary = None
         if not alive:
             boundary = WorkerProcess.objects.aggregate(last=Max("heartbeat_at"))["last"]
-        WorkerProcess.objects.create(
-            worker_id=worker_id,
-            hostname=socket.gethostname()[:255],
-            pid=os.getpid(),
-            host_key=host_key(),
-            queues=queues,
-            concurrency=concurrency,
-            started_at=now,
-            heartbeat_at=now,
-        )
+        _register(worker_id, now, queues=queues, concurrency=concurrency, lease=lease_seconds)
     return not alive, boundary
 
 
-def register_inline(worker_id: str) -> None:
-    """A process running one job by hand: known for fast reclaim, no startup recovery."""
-    now = timezone.now()
+def _register(
+    worker_id: str, now: datetime, *, queues: list[str], concurrency: int, lease: float
+) -> None:
     WorkerProcess.objects.create(
         worker_id=worker_id,
         hostname=socket.gethostname()[:255],
         pid=os.getpid(),
         host_key=host_key(),
-        queues=[],
-        concurrency=1,
+        queues=queues,
+        concurrency=concurrency,
+        lease_seconds=lease,
         started_at=now,
         heartbeat_at=now,
     )
 
 
+def register_inline(worker_id: str, *, lease_seconds: float) -> None:
+    """A process running one job by hand: known for fast reclaim, no startup recovery."""
+    _register(worker_id, database_now(), queues=[], concurrency=1, lease=lease_seconds)
+
+
 def heartbeat(worker_id: str) -> None:
-    WorkerProcess.objects.filter(worker_id=worker_id).update(heartbeat_at=timezone.now())
+    WorkerProcess.objects.filter(worker_id=worker_id).update(heartbeat_at=db_now())
 
 
 def mark_stopped(worker_id: str) -> None:
-    WorkerProcess.objects.filter(worker_id=worker_id).update(stopped_at=timezone.now())
+    WorkerProcess.objects.filter(worker_id=worker_id).update(stopped_at=db_now())
 
 
 def _dead_owners(me: str) -> list[str]:
@@ -142,12 +161,11 @@ def _dead_owners(me: str) -> list[str]:
     if not owners:
         return []
     dead = []
-    mine = host_key()
     for worker in WorkerProcess.objects.filter(worker_id__in=owners):
         if worker.stopped_at is not None:
             dead.append(worker.worker_id)
-        elif mine and worker.host_key == mine and not pid_alive(worker.pid):
-            WorkerProcess.objects.filter(pk=worker.pk).update(stopped_at=timezone.now())
+        elif _gone_here(worker):
+            WorkerProcess.objects.filter(pk=worker.pk).update(stopped_at=db_now())
             dead.append(worker.worker_id)
     return dead
 
@@ -170,20 +188,27 @@ def reclaim(me: str, *, limit: int = RECLAIM_BATCH) -> list[int]:
     )
     done = []
     for job_id, epoch in candidates:
-        if _reclaim_one(job_id, epoch, condition, me):
+        if _reclaim_one(job_id, epoch, condition, me, position=len(done)):
             done.append(job_id)
     return done
 
 
-def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str) -> bool:
+def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str, *, position: int = 0) -> bool:
     now = timezone.now()
     with transaction.atomic():
+        # SKIP LOCKED: a locked row is being changed right now — typically its
+        # holder's atomic unit, alive (its commit renews the lease) or stalled
+        # (PostgreSQL ends that session after PG_IDLE_IN_TRANSACTION_TIMEOUT).
+        # Either way waiting here would only stall this rescuer; the next round
+        # looks again.
         job = (
-            Job.objects.select_for_update().filter(condition, pk=job_id, lease_epoch=epoch).first()
+            Job.objects.select_for_update(skip_locked=True)
+            .filter(condition, pk=job_id, lease_epoch=epoch)
+            .first()
         )
         if job is None:
-            return False  # renewed, finished or reclaimed by a peer meanwhile
-        old, previous = job.state, job.lease_owner
+            return False  # locked, renewed, finished or reclaimed by a peer meanwhile
+        old, previous, checkpoint = job.state, job.lease_owner, job.checkpoint
         outcome = on_restart(job.state, job.on_restart)
         fields: dict = {"lease_owner": None, "lease_expires_at": None, "updated_at": now}
         if outcome is RestartOutcome.RELEASE:
@@ -237,7 +262,8 @@ def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str) -> bool:
                 )
                 kind, message = target.value, fields["reason"]
             else:
-                fields.update(state=JobState.QUEUED, next_attempt_at=now)
+                due = now + timedelta(seconds=reclaim_delay(position))
+                fields.update(state=JobState.QUEUED, next_attempt_at=due)
                 if outcome is RestartOutcome.REQUEUE_FROM_START:
                     fields.update(checkpoint=None, units_done=0)
                     UnitResult.objects.filter(job_id=job.pk).delete()
@@ -257,23 +283,15 @@ def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str) -> bool:
             outcome=outcome.value,
             old_state=old,
             new_state=job.state,
-            checkpoint=job.checkpoint,
+            # Where the job was when its worker stopped (on_restart=retry has
+            # just dropped it, so job.checkpoint would say None).
+            checkpoint=checkpoint,
             attempt=job.attempts,
             next_attempt_at=job.next_attempt_at if job.state == JobState.QUEUED else None,
             reason=job.reason,
         )
         if job.state in (JobState.FAILED, JobState.PAUSED):
-            signals.send_on_commit(
-                signals.job_needs_attention,
-                job_id=job.pk,
-                operation=job.operation,
-                state=job.state,
-                cause=job.error_code,
-                reason=job.reason,
-                checkpoint=job.checkpoint,
-                attempt=job.attempts,
-                next_attempt_at=None,
-            )
+            needs_attention(job, job.error_code, job.reason)
     return True
 
 
@@ -310,17 +328,7 @@ def fail_leftover_queued(boundary: datetime, me: str) -> list[int]:
                 ]
             )
             announce_change(job, JobState.QUEUED, "failed", reason, {})
-            signals.send_on_commit(
-                signals.job_needs_attention,
-                job_id=job.pk,
-                operation=job.operation,
-                state=job.state,
-                cause="server_restarted",
-                reason=reason,
-                checkpoint=job.checkpoint,
-                attempt=job.attempts,
-                next_attempt_at=None,
-            )
+            needs_attention(job, "server_restarted", reason)
             failed.append(job_id)
     return failed
 

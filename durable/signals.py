@@ -40,7 +40,8 @@ recovery_event = Signal()
 # Sent directly (not on commit), from the worker's main thread.
 worker_started = Signal()
 
-# Sent from every worker's renewal thread about every lease_seconds/3: worker_id.
+# Sent from every worker's housekeeping thread (not the one renewing leases) about
+# every lease_seconds/3: worker_id.
 # Receivers do small periodic chores (e.g. enqueue an ingest with a unique_key);
 # they must be quick and must not raise.
 worker_heartbeat = Signal()

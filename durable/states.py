@@ -63,11 +63,14 @@ class Decision:
         return self.refusal is not None
 
 
-def decide(action: Action, state: str, *, lease_held: bool, exhausted: bool = False) -> Decision:
+def decide(
+    action: Action, state: str, *, lease_held: bool, exhausted: bool = False, due: bool = False
+) -> Decision:
     """The operator action table.
 
     ``lease_held``: a live worker still holds the job (it finishes its current
-    unit before it notices); ``exhausted``: attempts reached max_attempts.
+    unit before it notices); ``exhausted``: attempts reached max_attempts;
+    ``due``: a queued job's next attempt time has come (nothing left to skip).
     """
     state = JobState(state)
     if action is Action.PAUSE:
@@ -102,7 +105,8 @@ def decide(action: Action, state: str, *, lease_held: bool, exhausted: bool = Fa
                 return Decision(JobState.RUNNING)
             return Decision(JobState.QUEUED, reset_attempts=exhausted, wake=True)
         if state is JobState.QUEUED:
-            return Decision(wake=True)  # skip the remaining backoff
+            # Skip the remaining backoff; already due, there is none (a double click).
+            return Decision() if due else Decision(wake=True)
         if state is JobState.RUNNING:
             return Decision()
         return Decision(refusal=f"a {state.label.lower()} job cannot be retried")

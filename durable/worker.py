@@ -1,9 +1,12 @@
 """The worker: claims due jobs, runs their units in the SPEC §2 order, renews leases.
 
 ``python manage.py runworker`` builds a ``Worker`` and calls ``run()``. Each of
-``concurrency`` threads claims one job at a time; one more thread renews every
-lease this process holds, beats the worker's heartbeat, and periodically
-reclaims jobs of stopped workers. Scale out with more processes (on one or
+``concurrency`` threads claims one job at a time. One more thread renews every
+lease this process holds and beats the worker's heartbeat, and does nothing
+else, so nothing can stall it: it never waits for a row lock (an atomic unit
+of ours may hold one) and never runs signal receivers. A third thread does the
+housekeeping that may be slow — reclaiming jobs of stopped workers, the
+``worker_heartbeat`` signal's chores. Scale out with more processes (on one or
 many machines sharing PostgreSQL), not more threads: units are mostly I/O,
 and processes isolate crashes.
 """
@@ -16,6 +19,7 @@ import random
 import secrets
 import signal
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,7 +37,7 @@ from django.utils import timezone
 
 from . import faults, rescue, signals
 from . import lease as leases
-from .errors import LeaseLost, NonRetryable, RetryLater, Unavailable
+from .errors import LeaseLost, NonRetryable, RetryLater, Stopping, Unavailable, UnitTimeout
 from .lease import Lease
 from .models import Job
 from .operations import JobContext, Operation, Unit, check_payload, get_operation, registered
@@ -43,9 +47,22 @@ from .states import JobState
 log = logging.getLogger("durable.worker")
 
 
-def default_worker_id() -> str:
-    """host:pid:random — a restarted process never inherits a dead one's identity."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+# The exit status of a worker that had to leave because a unit overran its
+# operation's unit_timeout and would not stop (os.EX_SOFTWARE): restart it.
+EXIT_UNIT_TIMEOUT = 70
+MAX_WORKER_ID_PREFIX = 150  # leaves room for the suffix in the 200-character lease_owner
+
+
+def default_worker_id(prefix: str | None = None) -> str:
+    """``prefix:random`` (default prefix ``host:pid``), fresh for every process start.
+
+    A restarted pod or container started with the same ``--worker-id`` never
+    inherits the dead process's identity: its leases, its registry row, its
+    "stopped" mark. 48 random bits keep a crash-looping pod clear of collisions
+    with the rows its earlier starts left behind.
+    """
+    prefix = prefix or f"{socket.gethostname()}:{os.getpid()}"
+    return f"{prefix[:MAX_WORKER_ID_PREFIX]}:{secrets.token_hex(6)}"
 
 
 @dataclass
@@ -56,9 +73,20 @@ class Execution:
     ctx: JobContext
     op: Operation
     unit_started: float | None = None
+    # Inside an atomic unit: its transaction holds the job's row (PostgreSQL: the
+    # row lock; SQLite: the write lock) and renewed the lease in fence(); the
+    # commit renews it again, so the renewal thread leaves it alone.
+    in_atomic: bool = False
+    # Settling the job (complete, release, failure): a renewal that finds the
+    # lease gone now is the settlement, not a lost lease.
+    finishing: bool = False
     observed_state: str = JobState.RUNNING
     lost: bool = False
+    # The current unit overran unit_timeout (when: time.monotonic()) and was asked to stop.
     timed_out: bool = False
+    overrun_at: float | None = None
+    unit_key: str = ""
+    committed: int = 0  # units this lease committed
     # False when the job had no unit results at claim: only this lease holder
     # can add any, so step 2's lookup can be skipped (one query less per unit).
     results_possible: bool = True
@@ -87,6 +115,9 @@ class Worker:
         # Set when the grace period ran out with units still running in threads
         # we cannot interrupt: the caller should end the process with os._exit.
         self.abandoned_units = False
+        # When a unit that overran its unit_timeout was found still running a
+        # grace period later: from then on the process drains and exits.
+        self._hung_since: float | None = None
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -116,6 +147,10 @@ class Worker:
         connection.close()
         renewer = threading.Thread(target=self._renew_loop, name="durable-renewer", daemon=True)
         renewer.start()
+        keeper = threading.Thread(
+            target=self._housekeeping_loop, name="durable-housekeeping", daemon=True
+        )
+        keeper.start()
         threads = [
             threading.Thread(target=self._executor_loop, name=f"durable-{n}", daemon=True)
             for n in range(self.concurrency)
@@ -140,12 +175,17 @@ class Worker:
                 thread.join(timeout=0.1)
         self.finished.set()
         renewer.join(timeout=5)
+        keeper.join(timeout=5)
         try:
-            rescue.mark_stopped(self.worker_id)
+            # Not when a thread is still inside a unit: "stopped" lets peers take
+            # its job at once, while that unit could still write. The caller's
+            # os._exit ends it; peers here see the PID gone, others the lease expire.
+            if not self.abandoned_units:
+                rescue.mark_stopped(self.worker_id)
         finally:
             connection.close()
         log.info("worker stopped", extra={"worker": self.worker_id, "jobs_done": self._jobs_done})
-        return 0
+        return EXIT_UNIT_TIMEOUT if self._hung_since is not None else 0
 
     def _recover_at_startup(self) -> rescue.StartupReport | None:
         """Startup recovery, retried with backoff while the database is unreachable.
@@ -201,7 +241,7 @@ class Worker:
         started = time.monotonic()
         job = Job.objects.get(pk=job_id)
         get_operation(job.operation)  # fail fast if this process cannot run it
-        rescue.register_inline(self.worker_id)
+        rescue.register_inline(self.worker_id, lease_seconds=self.lease_seconds)
         renewer = threading.Thread(target=self._renew_loop, name="durable-renewer", daemon=True)
         renewer.start()
         try:
@@ -319,12 +359,18 @@ class Worker:
                     return
                 self._run_unit(execution, unit)
             faults.reach("before_complete")
+            execution.finishing = True
             leases.complete(lease)
         except LeaseLost as exc:
             log.warning("lease lost; abandoning job", extra={"job": job.pk, "detail": str(exc)})
+        except Stopping as exc:
+            execution.finishing = True
+            self._stopped_early(execution, exc)
         except Unavailable as exc:
+            execution.finishing = True
             self._settle_failure(leases.pause_unavailable, lease, str(exc))
         except Exception as exc:
+            execution.finishing = True
             self._fail(execution, exc)
         finally:
             if units is not None and hasattr(units, "close"):
@@ -337,14 +383,17 @@ class Worker:
         if execution.lost:
             raise LeaseLost(f"job {execution.lease.job_id}: renewal found the lease gone")
         if execution.observed_state in (JobState.PAUSED, JobState.CANCELLING):
+            execution.finishing = True
             state = leases.settle(execution.lease)
             if state == JobState.RUNNING:  # resumed while we were busy
+                execution.finishing = False
                 execution.observed_state = state
                 if not self.stopping.is_set():
                     execution.ctx.stop_requested.clear()
                 return False
             return True
         if self.stopping.is_set():
+            execution.finishing = True
             leases.release(execution.lease)
             return True
         return False
@@ -352,9 +401,11 @@ class Worker:
     def _run_unit(self, execution: Execution, unit: Unit) -> None:
         ctx, op, lease = execution.ctx, execution.op, execution.lease
         check_payload(unit)
+        execution.timed_out, execution.overrun_at, execution.unit_key = False, None, unit.key
         execution.unit_started = time.monotonic()
         try:
             if op.atomic_units:
+                execution.in_atomic = True
                 with transaction.atomic():
                     leases.fence(lease, self.lease_seconds)
                     result = self._unit_body(execution, unit)
@@ -364,12 +415,16 @@ class Worker:
                 state = self._commit(execution, unit, result)
         finally:
             execution.unit_started = None
+            execution.in_atomic = False
         faults.reach("after_checkpoint")
+        execution.committed += 1
         ctx.checkpoint = unit.checkpoint
         ctx.units_done += 1
         execution.observed_state = state
         if state in (JobState.PAUSED, JobState.CANCELLING):
             ctx.stop_requested.set()
+        elif execution.timed_out and not (self.stopping.is_set() or execution.lost):
+            ctx.stop_requested.clear()  # it finished after all: the stop was for that unit only
 
     def _unit_body(self, execution: Execution, unit: Unit) -> Any:
         """Steps 2 and 3, and the check of step 4: skip if done, else run and verify."""
@@ -400,9 +455,33 @@ class Worker:
             checkpoint=unit.checkpoint,
             units_total=ctx.units_total,
             events=events,
+            lease_seconds=self.lease_seconds,
         )
 
     # --- failures -----------------------------------------------------------------
+
+    def _stopped_early(self, execution: Execution, exc: Stopping) -> None:
+        """A unit raised Stopping: hand the job back as asked, or count it if nobody asked."""
+        if not execution.ctx.stop_requested.is_set():
+            self._fail(execution, exc)  # unprompted: an ordinary failure, so it cannot loop
+            return
+        if execution.timed_out:
+            timeout = execution.op.unit_timeout
+            self._fail(
+                execution,
+                UnitTimeout(
+                    f"unit {execution.unit_key!r} ran longer than its unit_timeout of "
+                    f"{timeout:g}s and stopped when asked"
+                ),
+            )
+            return
+        execution.ctx.logger.info(
+            "unit stopped early; handing the job back",
+            extra={"job": execution.ctx.job_id, "state": execution.observed_state},
+        )
+        # release() settles every case under the row lock: running -> queued at
+        # once, cancelling -> cancelled, paused -> stays paused; no attempt spent.
+        self._settle_failure(leases.release, execution.lease, "the unit stopped early")
 
     def _fail(self, execution: Execution, exc: Exception) -> None:
         ctx, op, lease = execution.ctx, execution.op, execution.lease
@@ -437,6 +516,7 @@ class Worker:
             retry_at=retry_at,
             consume_attempt=consume,
             on_exhausted=op.on_exhausted,
+            coalesce=execution.committed == 0,
         )
 
     def _settle_failure(self, fn: Any, *args: Any, **kwargs: Any) -> None:
@@ -445,9 +525,28 @@ class Worker:
         except LeaseLost as exc:
             log.warning("lease lost while recording an outcome", extra={"detail": str(exc)})
 
-    # --- lease renewal ------------------------------------------------------------
+    # --- lease renewal and housekeeping --------------------------------------------
 
     def _renew_loop(self) -> None:
+        """Renew every lease and beat the heartbeat, every third of a lease; nothing else."""
+        interval = max(self.lease_seconds / 3.0, 0.05)
+        try:
+            while not self.finished.wait(interval):
+                close_old_connections()
+                try:
+                    self._renew_all()
+                    rescue.heartbeat(self.worker_id)
+                except Exception:
+                    log.exception("lease renewal round failed", extra={"worker": self.worker_id})
+        finally:
+            connection.close()
+
+    def _housekeeping_loop(self) -> None:
+        """The periodic work that may be slow: the heartbeat signal's chores and reclaims.
+
+        Kept off the renewal thread: a reclaim may wait for a peer's row lock, a
+        receiver may enqueue jobs, and neither may delay this process's renewals.
+        """
         interval = max(self.lease_seconds / 3.0, 0.05)
         reclaim_every = max(self.lease_seconds / 2.0, 0.1)
         next_reclaim = time.monotonic() + reclaim_every * random.uniform(0.5, 1.0)
@@ -455,14 +554,12 @@ class Worker:
             while not self.finished.wait(interval):
                 close_old_connections()
                 try:
-                    self._renew_all()
-                    rescue.heartbeat(self.worker_id)
                     signals.send_now(signals.worker_heartbeat, worker_id=self.worker_id)
                     if time.monotonic() >= next_reclaim and not self.stopping.is_set():
                         rescue.reclaim(self.worker_id)
                         next_reclaim = time.monotonic() + reclaim_every * random.uniform(0.8, 1.2)
                 except Exception:
-                    log.exception("lease renewal round failed", extra={"worker": self.worker_id})
+                    log.exception("housekeeping round failed", extra={"worker": self.worker_id})
         finally:
             connection.close()
 
@@ -470,18 +567,17 @@ class Worker:
         with self._lock:
             executions = list(self._executions.values())
         for execution in executions:
-            timeout = execution.op.unit_timeout
-            started = execution.unit_started
-            if timeout and started is not None and time.monotonic() - started > timeout:
-                if not execution.timed_out:
-                    execution.timed_out = True
-                    log.error(
-                        "unit exceeded unit_timeout; its lease is left to expire",
-                        extra={"job": execution.lease.job_id, "unit_timeout": timeout},
-                    )
+            # An overrunning unit is still running: its lease is renewed like any
+            # other until the unit returns or the process is gone.
+            self._watch_timeout(execution)
+            if execution.in_atomic:
+                continue  # its own transaction holds the row and renews on commit
+            state = leases.renew_unless_busy(execution.lease, self.lease_seconds)
+            if state == leases.BUSY:
                 continue
-            state = leases.renew(execution.lease, self.lease_seconds)
             if state is None:
+                if execution.finishing:
+                    continue  # completed, released or failed just now: not a lost lease
                 execution.lost = True
                 execution.ctx.stop_requested.set()
                 log.warning("lease lost", extra={"job": execution.lease.job_id})
@@ -489,3 +585,64 @@ class Worker:
                 execution.observed_state = state
                 if state in (JobState.PAUSED, JobState.CANCELLING):
                     execution.ctx.stop_requested.set()
+        self._watch_hung(executions)
+
+    # --- units that overrun unit_timeout -------------------------------------------
+
+    def _watch_timeout(self, execution: Execution) -> None:
+        """Past ``unit_timeout``: ask the unit to stop (once per unit)."""
+        timeout = execution.op.unit_timeout
+        started = execution.unit_started
+        if not timeout or started is None or execution.timed_out:
+            return
+        if time.monotonic() - started <= timeout:
+            return
+        execution.timed_out, execution.overrun_at = True, time.monotonic()
+        execution.ctx.stop_requested.set()
+        log.error(
+            "unit exceeded unit_timeout; asking it to stop",
+            extra={
+                "job": execution.lease.job_id,
+                "unit": execution.unit_key,
+                "unit_timeout": timeout,
+                "grace_seconds": self.grace_seconds,
+            },
+        )
+
+    def _watch_hung(self, executions: list[Execution]) -> None:
+        """A unit still running a grace period after its timeout: drain, then exit.
+
+        A thread cannot be interrupted, so the only way to be sure the unit has
+        stopped before anyone else may take its job is to end the process. Its
+        other jobs first get a grace period to reach a unit boundary and be
+        released; then ``os._exit`` — without marking the worker stopped, so
+        peers take the jobs back exactly as after a crash (PID gone, or lease
+        expired), and the overrun counts as a failed attempt (``WorkerLost``).
+        """
+        now = time.monotonic()
+        hung = [
+            e
+            for e in executions
+            if e.overrun_at is not None
+            and e.unit_started is not None
+            and now - e.overrun_at > self.grace_seconds
+        ]
+        if not hung:
+            return  # nothing stuck (any more): an ordinary shutdown, if one began, goes on
+        if self._hung_since is None:
+            self._hung_since = now
+            log.critical(
+                "a unit did not stop after its unit_timeout; draining this worker, then exiting",
+                extra={"worker": self.worker_id, "jobs": [e.lease.job_id for e in hung]},
+            )
+            self.stop()
+        others = [e for e in executions if all(e is not h for h in hung)]
+        if not others or now - self._hung_since > self.grace_seconds:
+            log.critical(
+                "exiting with a unit still running; its job is taken back as after a crash",
+                extra={"worker": self.worker_id, "jobs": [e.lease.job_id for e in hung]},
+            )
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_UNIT_TIMEOUT)

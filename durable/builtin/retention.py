@@ -12,7 +12,7 @@ from django.utils.dateparse import parse_datetime
 from ..api.models import IdempotencyKey
 from ..errors import InputRejected
 from ..models import Job, WorkerProcess
-from ..operations import JobContext, Operation, Unit, register
+from ..operations import Access, JobContext, Operation, Unit, register
 from ..policy import parse_duration
 from ..schedules.models import Occurrence
 
@@ -55,16 +55,18 @@ class PurgeJobs(Operation):
     Unit = one batch of job (or key) ids in id order; the checkpoint is the
     cut-off and the last id examined. Units only delete rows of this database,
     so they run atomically with the checkpoint: a crash never deletes a batch
-    twice or skips one. Unfinished jobs are never selected, and the state is
-    checked again in the deleting statement itself. An idempotency key whose
-    job is unfinished is kept: a client retrying that submission must get the
-    same job back, not a second one.
+    twice or skips one. Unfinished jobs are never selected, and inside the
+    unit's transaction the batch is locked and checked again before anything
+    is deleted, so a job an operator retried meanwhile is kept. An idempotency
+    key whose job is unfinished is kept: a client retrying that submission must
+    get the same job back, not a second one.
     """
 
     name = "durable.purge"
     label = "Purge finished jobs"
     atomic_units = True
     max_attempts = 3
+    access = Access.PRIVILEGED  # deletes other people's jobs and records
 
     def clean_input(self, data: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -186,9 +188,20 @@ class PurgeJobs(Operation):
             keys = IdempotencyKey.objects.purgeable(cutoff).filter(pk__in=unit.payload["key_ids"])
             deleted, _ = keys.delete()
             return {"idempotency_keys": deleted}
-        # purgeable() re-checks "finished and old" inside the DELETE's own query.
-        jobs = Job.objects.purgeable(cutoff).filter(pk__in=unit.payload["ids"])
-        _, per_model = jobs.delete()
+        # Lock the batch, then delete only what is still finished and old. Django's
+        # delete() selects, collects related rows, then deletes by id alone: an
+        # operator's "retry now" committed in between would otherwise lose the
+        # job it just made unfinished. Locked here (PostgreSQL waits for an action
+        # in progress and re-checks the state; SQLite's write lock serialises
+        # anyway), the rows cannot change before this transaction commits.
+        ids = list(
+            Job.objects.purgeable(cutoff)
+            .filter(pk__in=unit.payload["ids"])
+            .select_for_update()
+            .order_by("pk")
+            .values_list("pk", flat=True)
+        )
+        _, per_model = Job.objects.filter(pk__in=ids).delete()
         return {
             "jobs": per_model.get("durable.Job", 0),
             "events": per_model.get("durable.JobEvent", 0),

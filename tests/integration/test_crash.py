@@ -19,7 +19,7 @@ from django.db import connection
 from django.utils import timezone
 
 from durable import jobs
-from durable.models import Job
+from durable.models import Job, WorkerProcess
 from tests.conftest import wait_until
 from tests.testapp.models import SideEffect
 
@@ -47,6 +47,21 @@ def test_worker__runs_jobs_to_completion(workers):
     assert proc.returncode == 0, workers.log(proc)
     assert set(Job.objects.filter(pk__in=created).values_list("state", flat=True)) == {"completed"}
     assert SideEffect.objects.count() == 15
+
+
+def test_worker_id__a_restart_with_the_same_id_gets_a_fresh_identity(workers):
+    """A pod restarted with a fixed --worker-id must start, not die on the registry's key."""
+    jobs.enqueue("test.rows", {"units": 1})
+    first = workers.run("--worker-id", "pod-1")
+    assert first.returncode == 0, workers.log(first)
+    jobs.enqueue("test.rows", {"units": 1})
+    second = workers.run("--worker-id", "pod-1")
+    assert second.returncode == 0, workers.log(second)
+    ids = list(WorkerProcess.objects.values_list("worker_id", flat=True))
+    assert len(set(ids)) == 2
+    assert all(worker_id.startswith("pod-1:") for worker_id in ids)
+    owners = set(Job.objects.values_list("events__data__worker", flat=True)) - {None}
+    assert owners == set(ids)  # each start claimed under its own identity
 
 
 def test_crash_before_checkpoint__repeats_that_one_unit_not_the_job(workers, tmp_path):
@@ -127,6 +142,150 @@ def test_stale_worker__cannot_advance_the_checkpoint_after_its_lease_expired(wor
     assert done_lines(out)["u1"] == 2  # the stale worker's side effect, then the replay
 
 
+def begin_lines(path: Path) -> Counter:
+    return Counter(
+        line.split()[2] for line in path.read_text().splitlines() if line.startswith("begin ")
+    )
+
+
+def test_renewal__a_unit_longer_than_the_lease_keeps_its_job(workers, tmp_path):
+    """Only the background renewal keeps a 3 s unit's 1 s lease alive while a peer looks on."""
+    out = tmp_path / "side-effects.log"
+    job = jobs.enqueue("test.append", {"units": 2, "path": str(out), "sleep": 3})
+    holder = workers.start("--burst", lease=1.0)
+    wait_until(lambda: out.exists())  # u0 has begun
+    peer = workers.start(lease=1.0)  # claims nothing (the job is leased); reclaims every 0.5 s
+    assert holder.wait(timeout=60) == 0, workers.log(holder)
+    peer.send_signal(signal.SIGTERM)
+    assert peer.wait(timeout=10) == 0, workers.log(peer)
+    job.refresh_from_db()
+    assert job.state == "completed"
+    assert job.reclaims == 0, workers.log(peer)
+    assert begin_lines(out) == {"u0": 1, "u1": 1}  # one begin per unit: never run twice
+    assert done_lines(out) == {"u0": 1, "u1": 1}
+    assert job.events.filter(kind="started").count() == 1
+
+
+PG_ONLY = pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason="PostgreSQL row locks; on SQLite a long atomic unit holds the database's one "
+    "write lock and every writer waits for it (README: keep atomic units short)",
+)
+
+
+@PG_ONLY
+def test_renewal__an_atomic_unit_holding_its_row_does_not_stall_other_leases(workers, tmp_path):
+    """The renewal thread must not wait for the row lock its own process's atomic unit holds:
+    meanwhile the process's other leases and its heartbeat must stay fresh."""
+    out = tmp_path / "side-effects.log"
+    other = jobs.enqueue("test.append", {"units": 2, "path": str(out), "sleep": 2})
+    atomic = jobs.enqueue("test.rows", {"units": 1, "sleep": 4})
+    holder = workers.start("--burst", "--concurrency", "2", lease=1.0)
+    wait_until(
+        lambda: set(Job.objects.values_list("state", flat=True)) == {"running"} and out.exists()
+    )
+    lapsed, silent = [], []
+    while holder.poll() is None:
+        with connection.cursor() as cursor:  # on the database clock, as leases are written
+            cursor.execute(
+                "SELECT count(*) FROM durable_job WHERE id = %s AND state = 'running' "
+                "AND lease_expires_at < clock_timestamp()",
+                [other.pk],
+            )
+            lapsed.append(cursor.fetchone()[0])
+            cursor.execute(
+                "SELECT extract(epoch FROM clock_timestamp() - heartbeat_at) "
+                "FROM durable_workerprocess WHERE pid = %s",
+                [holder.pid],
+            )
+            silent.append(float(cursor.fetchone()[0]))
+        time.sleep(0.05)
+    assert holder.returncode == 0, workers.log(holder)
+    assert not any(lapsed), "the other job's lease lapsed while the atomic unit ran"
+    assert max(silent) < 2.0, f"the heartbeat went silent for {max(silent):.1f}s"
+    for job in (atomic, other):
+        job.refresh_from_db()
+        assert (job.state, job.reclaims) == ("completed", 0), workers.log(holder)
+    assert begin_lines(out) == {"u0": 1, "u1": 1}
+    assert SideEffect.objects.filter(job_id=atomic.pk).count() == 1
+
+
+@PG_ONLY
+def test_reclaim__does_not_wait_for_a_row_another_transaction_holds():
+    """A rescuer meeting a locked expired lease (a stalled holder mid-unit) skips it."""
+    from durable import rescue
+
+    job = jobs.enqueue("test.rows", {})
+    Job.objects.filter(pk=job.pk).update(
+        state="running",
+        lease_owner="stalled",
+        lease_epoch=1,
+        lease_expires_at=timezone.now() - timezone.timedelta(seconds=5),
+    )
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # what fence() does inside a stalled worker's atomic unit
+        from django.db import transaction
+
+        with transaction.atomic():
+            Job.objects.select_for_update().get(pk=job.pk)
+            locked.set()
+            release.wait(10)
+        connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert locked.wait(5)
+        started = time.monotonic()
+        assert rescue.reclaim("rescuer") == []
+        assert time.monotonic() - started < 2
+    finally:
+        release.set()
+        holder.join(10)
+    assert rescue.reclaim("rescuer") == [job.pk]  # once the holder lets go
+
+
+def test_unit_timeout__a_unit_that_stops_when_asked_spends_an_attempt(workers, tmp_path):
+    out = tmp_path / "side-effects.log"
+    job = jobs.enqueue(
+        "test.overrun", {"units": 1, "path": str(out), "sleep": 30, "cooperative": True}
+    )
+    proc = workers.start(lease=1.0)
+    wait_until(lambda: Job.objects.get(pk=job.pk).state == "completed", timeout=30)
+    assert proc.poll() is None  # the unit stopped, so its worker had no reason to leave
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0, workers.log(proc)
+    job.refresh_from_db()
+    assert (job.state, job.attempts, job.reclaims) == ("completed", 1, 0)
+    assert job.errors[0]["error_class"] == "durable.errors.UnitTimeout"
+    assert begin_lines(out) == {"u0": 2}  # stopped at the timeout, then run again in full
+    assert done_lines(out) == {"u0": 1}
+
+
+def test_unit_timeout__a_hung_unit_ends_its_process_before_anyone_may_run_it_again(
+    workers, tmp_path
+):
+    """Never two at once: the lease is kept until the process that runs the unit is gone."""
+    from durable.worker import EXIT_UNIT_TIMEOUT
+
+    out = tmp_path / "side-effects.log"
+    job = jobs.enqueue("test.overrun", {"units": 1, "path": str(out), "sleep": 30})
+    hung = workers.start("--grace-seconds", "1", lease=1.0)
+    wait_until(lambda: out.exists())
+    peer = workers.start(lease=1.0)
+    wait_until(lambda: begin_lines(out)["u0"] >= 2, timeout=30)  # the peer runs it again
+    # ... only once the first process is gone (it was asleep in the unit for 30 s).
+    assert hung.poll() == EXIT_UNIT_TIMEOUT, workers.log(hung)
+    wait_until(lambda: Job.objects.get(pk=job.pk).state == "completed")
+    peer.send_signal(signal.SIGTERM)
+    assert peer.wait(timeout=10) == 0, workers.log(peer)
+    job.refresh_from_db()
+    assert (job.reclaims, job.attempts) == (1, 1)  # taken back as after a crash
+    assert done_lines(out) == {"u0": 1}
+    assert "did not stop after its unit_timeout" in workers.log(hung)
+
+
 def test_concurrent_workers__never_run_one_job_in_two_places(workers, tmp_path):
     paths = {}
     for n in range(12):
@@ -171,6 +330,30 @@ def test_sigterm__stops_at_a_unit_boundary_and_returns_the_job_unspent(workers, 
     assert set(done_lines(out).values()) == {1}  # stopped between units: nothing repeated
 
 
+def test_sigterm__a_unit_that_raises_stopping_is_handed_back_not_committed(workers, tmp_path):
+    out = tmp_path / "side-effects.log"
+    job = jobs.enqueue(
+        "test.append", {"units": 2, "path": str(out), "sleep": 4, "cooperative": True}
+    )
+    proc = workers.start("--grace-seconds", "10")
+    wait_until(lambda: out.exists())  # u0 is running
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0, workers.log(proc)
+    assert time.monotonic() - started < 3  # it polled should_stop(), not slept out its 4 s
+    job.refresh_from_db()
+    # Nothing of the stopped unit was committed, and no attempt was spent.
+    assert (job.state, job.checkpoint, job.units_done, job.attempts) == ("queued", None, 0, 0)
+    assert job.events.filter(kind="released").exists()
+    assert done_lines(out) == {}
+    Job.objects.filter(pk=job.pk).update(input={"units": 2, "path": str(out), "sleep": 0})
+    assert workers.run().returncode == 0
+    job.refresh_from_db()
+    assert job.state == "completed"
+    assert begin_lines(out) == {"u0": 2, "u1": 1}  # the stopped unit ran again in full
+    assert done_lines(out) == {"u0": 1, "u1": 1}
+
+
 def test_sigterm__a_second_signal_exits_at_once(workers, tmp_path):
     job = jobs.enqueue("test.append", {"units": 2, "path": str(tmp_path / "x"), "sleep": 30})
     proc = workers.start("--grace-seconds", "60")
@@ -192,6 +375,9 @@ def test_sigterm__after_the_grace_period_the_lease_is_left_to_recovery(workers, 
     assert proc.wait(timeout=5) == 0
     job.refresh_from_db()
     assert job.state == "running"  # the unit was still running: nobody may take it yet
+    # Nor did it say "stopped" while that unit could still write: peers on this
+    # machine see its PID gone, others wait for the lease.
+    assert WorkerProcess.objects.get(pid=proc.pid).stopped_at is None
     # The process is gone, so a new worker on this machine takes the job back at
     # once instead of waiting out the 30 s lease.
     assert workers.run(timeout=60).returncode == 0

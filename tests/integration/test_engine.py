@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 
@@ -12,6 +13,7 @@ from django.utils import timezone
 from durable import jobs, lease, rescue, signals
 from durable.errors import InputRejected, LeaseLost, UnknownOperation
 from durable.models import Job, JobEvent, UnitResult, WorkerProcess
+from durable.operations import get_operation
 from durable.policy import MAX_ERROR_MESSAGE_BYTES
 from tests.testapp.models import SideEffect
 
@@ -200,6 +202,60 @@ def test_fencing__a_worker_that_lost_its_lease_cannot_touch_the_job():
     )
 
 
+def test_renewal__a_job_that_just_completed_is_not_reported_as_a_lost_lease(caplog):
+    """The renewal thread may renew between the executor's completion and its bookkeeping."""
+    from durable.operations import JobContext, get_operation
+    from durable.worker import Execution, Worker
+
+    job = jobs.enqueue("test.rows", {"units": 1})
+    held, _ = lease.claim("w", queues=["default"], operations=["test.rows"], lease_seconds=30)
+    worker = Worker(worker_id="w")
+    ctx = JobContext(job.pk, "test.rows", {}, None, 1, "w", held.epoch)
+    execution = Execution(held, ctx, get_operation("test.rows"))
+    worker._executions[job.pk] = execution
+    execution.finishing = True  # what execute() sets just before it calls complete()
+    lease.complete(held)
+    caplog.set_level("WARNING", logger="durable.worker")
+    worker._renew_all()
+    assert not execution.lost
+    assert not ctx.should_stop()
+    assert "lease lost" not in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)  # the unit commit outside any transaction, as a worker's
+def test_commit__outside_a_transaction_is_fenced_extends_the_lease_and_leaves_no_transaction():
+    from django.db import connection
+
+    job = jobs.enqueue("test.append", {"units": 3})
+    stale, _ = lease.claim("old", queues=["default"], operations=["test.append"], lease_seconds=1)
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert rescue.reclaim("rescuer") == [job.pk]
+    fresh, _ = lease.claim("new", queues=["default"], operations=["test.append"], lease_seconds=1)
+    with pytest.raises(LeaseLost):
+        lease.commit_unit(stale, key="u0", result=None, checkpoint={"next": 1}, units_total=3)
+    assert not connection.in_atomic_block
+    assert not UnitResult.objects.filter(job=job).exists()  # the stale worker wrote nothing
+    before = Job.objects.get(pk=job.pk).lease_expires_at
+    state = lease.commit_unit(
+        fresh, key="u0", result={"ok": 1}, checkpoint={"next": 1}, units_total=3, lease_seconds=60
+    )
+    assert state == "running"
+    after = Job.objects.get(pk=job.pk)
+    assert (after.checkpoint, after.units_done) == ({"next": 1}, 1)
+    assert after.lease_expires_at > before + timedelta(seconds=30)  # the commit renewed it
+    # With most of the lease left, the next commit leaves the indexed expiry as it
+    # is (PostgreSQL keeps such an update HOT: no index writes per unit).
+    lease.commit_unit(
+        fresh, key="u1", result=None, checkpoint={"next": 2}, units_total=3, lease_seconds=60
+    )
+    assert Job.objects.get(pk=job.pk).lease_expires_at == after.lease_expires_at
+    assert UnitResult.objects.get(job=job, key="u0").result == {"ok": 1}
+    # A repeated commit of the same unit keeps the first evidence.
+    lease.commit_unit(fresh, key="u0", result={"ok": 2}, checkpoint={"next": 2}, units_total=3)
+    assert UnitResult.objects.get(job=job, key="u0").result == {"ok": 1}
+    jobs.enqueue("test.rows", {})  # the connection is usable: no transaction left open
+
+
 # --- failures and retries -------------------------------------------------------------
 
 
@@ -273,6 +329,84 @@ def test_retry__error_history_is_bounded():
     assert len(job.errors) == 20
     assert job.errors[0]["attempt"] == 6  # the oldest five were dropped
     assert all(len(e["message"].encode()) <= MAX_ERROR_MESSAGE_BYTES for e in job.errors)
+
+
+def test_stopping__raised_when_nobody_asked_is_an_ordinary_failed_attempt():
+    job = drain(jobs.enqueue("test.flaky", {"fail_times": 1, "error": "stopping"}).pk)
+    assert job.state == "completed"
+    assert job.attempts == 1  # counted, so a unit raising it unprompted cannot loop
+    assert job.errors[0]["error_class"] == "durable.errors.Stopping"
+
+
+@pytest.mark.django_db(transaction=True)  # the renewal runs on its own connection
+def test_stopping__a_unit_stopping_early_after_a_pause_leaves_the_job_paused(tmp_path):
+    import threading
+
+    from django.db import connection
+
+    from durable.worker import Worker
+
+    out = tmp_path / "x"
+    job = jobs.enqueue(
+        "test.append", {"units": 2, "path": str(out), "cooperative": True, "sleep": 5}
+    )
+    claimed = lease.claim("w", queues=["default"], operations=["test.append"], lease_seconds=30)
+    worker = Worker(worker_id="w")
+
+    def operator_pauses_then_renewal_notices() -> None:
+        while not out.exists():
+            time.sleep(0.01)
+        assert jobs.pause(job.pk, actor="ops").applied
+        worker._renew_all()  # one round of the renewal thread: sees "paused"
+        connection.close()
+
+    helper = threading.Thread(target=operator_pauses_then_renewal_notices)
+    helper.start()
+    started = time.monotonic()
+    worker.execute(*claimed)
+    helper.join(10)
+    assert time.monotonic() - started < 3  # the unit stopped, it did not sleep out 5 s
+    job.refresh_from_db()
+    assert (job.state, job.lease_owner, job.attempts, job.units_done) == ("paused", None, 0, 0)
+    assert job.checkpoint is None
+    assert "done" not in out.read_text()
+
+
+def test_gate__repeated_turn_aways_keep_one_event_and_spend_no_attempt():
+    job = drain(jobs.enqueue("test.gated", {"turn_aways": 6}).pk)
+    assert (job.state, job.attempts) == ("completed", 0)
+    assert SideEffect.objects.filter(job_id=job.pk, key="try").count() == 7
+    # Not six (started, rescheduled) pairs: the log stays bounded behind a gate.
+    assert kinds(job) == ["enqueued", "started", "rescheduled", "started", "completed"]
+    assert seqs(job) == [1, 2, 3, 4, 5]
+    turned_away = job.events.get(kind="rescheduled")
+    assert turned_away.data["turn_aways"] == 6
+    # The first few distinct reasons, bounded; the latest one apart.
+    assert turned_away.message == " | ".join(f"gate closed (try {n})" for n in range(1, 5))
+    assert turned_away.data["last_message"] == "gate closed (try 6)"
+
+
+def test_gate__a_turn_away_after_real_progress_is_recorded_on_its_own():
+    job = jobs.enqueue("test.gated", {"turn_aways": 2})
+    held, _ = lease.claim("w", queues=["default"], operations=["test.gated"], lease_seconds=30)
+    entry = {"error_class": "GateClosed", "message": "closed"}
+    now = timezone.now()
+    lease.record_failure(held, entry, retry_at=now, consume_attempt=False, coalesce=True)
+    held, _ = lease.claim("w", queues=["default"], operations=["test.gated"], lease_seconds=30)
+    # This lease committed a unit: its started event stays, the turn-away gets its own.
+    lease.record_failure(held, entry, retry_at=now, consume_attempt=False, coalesce=False)
+    assert kinds(job) == ["enqueued", "started", "rescheduled", "started", "rescheduled"]
+
+
+def test_failure__while_cancelling_keeps_its_error_and_attempt():
+    job = jobs.enqueue("test.rows", {"units": 3})
+    held, _ = lease.claim("w", queues=["default"], operations=["test.rows"], lease_seconds=30)
+    assert jobs.cancel(job.pk, actor="ops").state == "cancelling"
+    entry = {"error_class": "RuntimeError", "message": "boom", "attempt": 1}
+    lease.record_failure(held, entry, retry_at=timezone.now())
+    job.refresh_from_db()
+    assert (job.state, job.attempts, job.last_error_class) == ("cancelled", 1, "RuntimeError")
+    assert job.errors == [entry]
 
 
 def test_unavailable__pauses_with_an_actionable_reason_and_spends_no_attempt():
@@ -354,6 +488,67 @@ def test_actions__retry_now_skips_the_backoff_of_a_waiting_job():
     assert job.next_attempt_at <= timezone.now()
 
 
+def test_actions__retry_now_twice_on_a_waiting_job_writes_one_event():
+    job = drain(jobs.enqueue("test.flaky", {"fail_times": 10}).pk)  # failed, exhausted
+    first, second = jobs.retry_now(job.pk), jobs.retry_now(job.pk)
+    assert first.applied
+    assert (second.applied, second.refused, second.state) == (False, False, "queued")
+    assert kinds(job).count("retried") == 1
+
+
+def test_actions__retry_now_of_a_job_already_due_is_already_so():
+    job = jobs.enqueue("test.rows", {})
+    outcome = jobs.retry_now(job.pk, actor="ops")
+    assert (outcome.applied, outcome.refused) == (False, False)
+    assert kinds(job) == ["enqueued"]
+
+
+class _ClockAhead:
+    """A web server whose clock runs a minute ahead of the database's."""
+
+    @staticmethod
+    def now() -> datetime:
+        return timezone.now() + timedelta(seconds=60)
+
+
+def test_actions__a_live_lease_is_judged_on_the_database_clock(monkeypatch):
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite: workers and web server share one machine's clock")
+    job = jobs.enqueue("test.rows", {"units": 3})
+    lease.claim("w", queues=["default"], operations=["test.rows"], lease_seconds=30)
+    assert jobs.pause(job.pk).applied  # the worker keeps its lease until the unit boundary
+    monkeypatch.setattr(jobs, "timezone", _ClockAhead)
+    outcome = jobs.resume(job.pk, actor="ops")
+    job.refresh_from_db()
+    # Still held by the worker (30 s by the database's clock): it simply carries on.
+    # Judged on the web server's clock it would go back to the queue with its
+    # lease dropped, while the worker is still running it.
+    assert (outcome.state, job.state, job.lease_owner) == ("running", "running", "w")
+
+
+def test_actions__resume_while_the_worker_still_holds_it_clears_the_pause_reason():
+    job = jobs.enqueue("test.rows", {"units": 3})
+    lease.claim("w", queues=["default"], operations=["test.rows"], lease_seconds=30)
+    assert jobs.pause(job.pk, actor="ops").applied
+    job.refresh_from_db()
+    assert job.reason == "paused by ops"
+    assert jobs.resume(job.pk, actor="ops").applied
+    job.refresh_from_db()
+    assert (job.state, job.reason) == ("running", "")
+
+
+def test_actions__a_pause_during_the_last_unit_is_honoured_not_completed():
+    job = drain(jobs.enqueue("test.act", {"units": 2, "act_at": 1, "action": "pause"}).pk)
+    assert (job.state, job.lease_owner, job.units_done) == ("paused", None, 2)
+    assert "completed" not in kinds(job)
+    assert jobs.resume(job.pk, actor="ops").applied
+    job = drain(job.pk)
+    assert (job.state, job.reason) == ("completed", "")
+    assert SideEffect.objects.filter(job_id=job.pk).count() == 2  # nothing ran twice
+
+
 def test_actions__pause_of_a_running_job_takes_effect_at_the_unit_boundary():
     job = drain(jobs.enqueue("test.act", {"units": 4, "act_at": 1, "action": "pause"}).pk)
     assert job.state == "paused"
@@ -424,8 +619,24 @@ def test_restart_policy__spec_table_for_jobs_of_a_stopped_worker(
     assert seqs(job) == list(range(1, job.event_seq + 1))
     assert seen[0]["previous_owner"] == "dead-worker"
     assert seen[0]["new_state"] == expected_state
+    assert seen[0]["checkpoint"] == {"next": 2}  # where it was, even when retry drops it
     # "retry" starts over: its unit results go too, so every unit runs again.
     assert UnitResult.objects.filter(job=job).exists() is (policy != "retry" or state != "running")
+
+
+def test_restart_policy__reclaimed_jobs_are_spread_out_not_all_due_at_once():
+    created = [jobs.enqueue("test.rows", {}) for _ in range(8)]
+    for job in created:
+        leased(job, state="running")
+    assert len(rescue.reclaim("me")) == 8
+    # Each job's delay after the moment it was taken back (its updated_at).
+    delays = sorted(
+        (due - taken_back).total_seconds()
+        for due, taken_back in Job.objects.values_list("next_attempt_at", "updated_at")
+    )
+    assert delays[0] == 0  # the first one is due at once
+    assert delays[-1] > 0  # the others are spread with jitter...
+    assert delays[-1] <= 0.7  # ... within 0.1 s per job already taken back
 
 
 def test_restart_policy__a_live_lease_is_left_alone():
@@ -482,6 +693,37 @@ def test_restart_policy__a_worker_joining_live_peers_is_not_a_cold_start():
     assert job.state == "queued"
 
 
+def test_restart_policy__a_peer_with_a_longer_lease_is_alive_between_its_heartbeats():
+    # The peer runs with 90 s leases and beats every 30 s; 20 s of silence is normal.
+    WorkerProcess.objects.create(
+        worker_id="slow-peer",
+        hostname="h",
+        pid=1,
+        lease_seconds=90,
+        heartbeat_at=timezone.now() - timedelta(seconds=20),
+    )
+    job = jobs.enqueue("test.rows", {}, on_restart="fail")
+    Job.objects.filter(pk=job.pk).update(created_at=timezone.now() - timedelta(minutes=1))
+    report = rescue.recover_at_startup("fresh", queues=["default"], concurrency=1, lease_seconds=10)
+    assert not report.cold_start
+    job.refresh_from_db()
+    assert job.state == "queued"  # not failed with server_restarted under a live peer
+    assert WorkerProcess.objects.get(worker_id="fresh").lease_seconds == 10
+
+
+def test_registry__a_worker_of_the_previous_release_can_still_register():
+    """Rolling deploy: the old code inserts worker rows without lease_seconds."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO durable_workerprocess (worker_id, hostname, pid, host_key, queues, "
+            "concurrency, started_at, heartbeat_at) VALUES (%s, 'h', 1, '', '[]', 1, %s, %s)",
+            ["old-release", timezone.now(), timezone.now()],
+        )
+    assert WorkerProcess.objects.get(worker_id="old-release").lease_seconds == 30
+
+
 def test_restart_policy__a_dead_local_worker_is_reclaimed_without_waiting_for_its_lease():
     WorkerProcess.objects.create(
         worker_id="crashed", hostname="h", pid=2**22 + 12345, host_key=rescue.host_key()
@@ -504,7 +746,11 @@ def test_purge__deletes_old_finished_jobs_and_never_unfinished_ones():
     unfinished = []
     for state in ("queued", "running", "paused", "cancelling"):
         job = jobs.enqueue("test.rows", {})
-        Job.objects.filter(pk=job.pk).update(state=state, created_at=old, updated_at=old)
+        # An old finished_at too (a job retried after it finished keeps one), so
+        # only the state can keep these: the test fails if that check goes.
+        Job.objects.filter(pk=job.pk).update(
+            state=state, created_at=old, updated_at=old, finished_at=old
+        )
         unfinished.append(job.pk)
     recent = jobs.enqueue("test.rows", {})
     Job.objects.filter(pk=recent.pk).update(state="completed", finished_at=timezone.now())
@@ -515,6 +761,73 @@ def test_purge__deletes_old_finished_jobs_and_never_unfinished_ones():
     assert set(unfinished) <= remaining
     assert recent.pk in remaining
     assert not JobEvent.objects.filter(job_id__in=finished).exists()
+
+
+@pytest.mark.django_db(transaction=True)  # an operator's action on another connection
+def test_purge__a_job_retried_while_its_batch_is_being_deleted_is_kept():
+    """The window: after the purge chose its batch, before it deleted it."""
+    import threading
+
+    from django.db import connection, transaction
+    from django.db.models.signals import post_init
+
+    old = timezone.now() - timedelta(days=40)
+    job = drain(jobs.enqueue("test.flaky", {"fail_times": 10}).pk)  # failed
+    Job.objects.filter(pk=job.pk).update(finished_at=old)
+    purge = jobs.enqueue("durable.purge", {"older_than": "30d"})
+    in_window, retried = threading.Event(), threading.Event()
+    outcome = {}
+
+    def operator_retries() -> None:
+        try:
+            with transaction.atomic():
+                outcome["retry"] = jobs.retry_now(job.pk, actor="ops")
+                in_window.wait(2)  # commit while the purge is between its read and its delete
+        finally:
+            retried.set()
+            connection.close()
+
+    def purge_loaded_a_job(sender, instance, **kwargs) -> None:
+        # Django's delete() loads the rows it will delete; this is the window.
+        if threading.current_thread() is threading.main_thread() and instance.pk == job.pk:
+            in_window.set()
+            retried.wait(5)
+
+    operator = threading.Thread(target=operator_retries)
+    post_init.connect(purge_loaded_a_job, sender=Job)
+    try:
+        operator.start()
+        time.sleep(0.2)  # the operator's transaction holds the job's row now
+        purge = drain(purge.pk)
+    finally:
+        post_init.disconnect(purge_loaded_a_job, sender=Job)
+        in_window.set()
+        operator.join(10)
+    assert outcome["retry"].applied
+    assert (purge.state, purge.attempts) == ("completed", 0)
+    job.refresh_from_db()  # still there
+    assert job.state == "queued"
+    assert kinds(job)[-1] == "retried"
+
+
+def test_purge__the_command_defaults_to_the_retention_setting(settings, capsys):
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    settings.DURABLE_RETENTION = "12h"
+    call_command("purge_jobs", "--enqueue")
+    assert Job.objects.get(operation="durable.purge").input == {"older_than": "12h"}
+    settings.DURABLE_RETENTION = "off"
+    with pytest.raises(CommandError, match="--older-than"):
+        call_command("purge_jobs")
+
+
+def test_purge__only_privileged_users_may_start_it_by_hand():
+    from durable.operations import may_start
+
+    op = get_operation("durable.purge")
+    assert not may_start(op, privileged=False)
+    assert may_start(op, privileged=True)
 
 
 def test_purge__refuses_a_nonsense_age():

@@ -3,8 +3,11 @@
 - ``test.rows``: an atomic unit writes one SideEffect row (exactly-once evidence).
 - ``test.append``: a unit appends ``key`` lines to a file, like an external
   system with no transactions; with ``idempotent`` it first checks the
-  destination, as a file copy that verifies before writing would.
+  destination, as a file copy that verifies before writing would; with
+  ``cooperative`` its sleep polls ``ctx.should_stop()`` and raises ``Stopping``.
+- ``test.overrun``: ``test.append`` whose first attempt overruns a 1 s ``unit_timeout``.
 - ``test.flaky``: fails its first ``fail_times`` attempts with a chosen error.
+- ``test.gated``: turned away (``RetryLater``, no attempt spent) ``turn_aways`` times, like a gate.
 - ``test.needs_credential``: needs the credential named by ``token_ref``.
 - ``test.form``: takes its input from a Django form (the dashboard's "New job").
 - ``test.one_per_target``: privileged, one unfinished job per target (``unique_key``).
@@ -12,6 +15,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterator
@@ -21,7 +25,7 @@ from typing import Any
 from django import forms
 from django.utils import timezone
 
-from durable.errors import InputRejected, NonRetryable, RetryLater, Unavailable
+from durable.errors import InputRejected, NonRetryable, RetryLater, Stopping, Unavailable
 from durable.operations import Access, JobContext, Operation, Unit, register
 
 from .models import SideEffect
@@ -70,9 +74,28 @@ class Append(Operation):
         with open(path, "a") as handle:
             handle.write(f"begin {ctx.job_id} {unit.key} {os.getpid()} {time.time():.6f}\n")
             handle.flush()
-            time.sleep(ctx.input.get("sleep", 0))
+            if ctx.input.get("cooperative"):  # a long unit polling should_stop()
+                deadline = time.monotonic() + ctx.input.get("sleep", 0)
+                while time.monotonic() < deadline:
+                    ctx.stop_if_requested()
+                    time.sleep(0.02)
+            else:
+                time.sleep(ctx.input.get("sleep", 0))
             handle.write(f"done {ctx.job_id} {unit.key} {os.getpid()} {time.time():.6f}\n")
         return {"appended": True}
+
+
+@register
+class Overrun(Append):
+    """``test.append`` with a 1 s ``unit_timeout``; only the first attempt sleeps."""
+
+    name = "test.overrun"
+    unit_timeout = 1.0
+
+    def run_unit(self, ctx: JobContext, unit: Unit) -> dict[str, Any]:
+        if ctx.attempt > 1:
+            ctx = dataclasses.replace(ctx, input={**ctx.input, "sleep": 0})
+        return super().run_unit(ctx, unit)
 
 
 def done_keys(path: str, job_id: int) -> set[str]:
@@ -103,9 +126,29 @@ class Flaky(Operation):
             raise NonRetryable(message)
         if kind == "unavailable":
             raise Unavailable(message)
+        if kind == "stopping":  # Stopping although nothing asked the unit to stop
+            raise Stopping(message)
         if kind == "retry_later":
             raise RetryLater(message, at=timezone.now() + timedelta(seconds=ctx.input["delay"]))
         raise RuntimeError(message)
+
+
+@register
+class Gated(Operation):
+    """Turned away ``turn_aways`` times before its one unit runs, like a closed gate."""
+
+    name = "test.gated"
+
+    def units(self, ctx: JobContext) -> Iterator[Unit]:
+        if not ctx.checkpoint:
+            yield Unit(key="only", checkpoint={"done": True})
+
+    def run_unit(self, ctx: JobContext, unit: Unit) -> None:
+        tries = SideEffect.objects.filter(job_id=ctx.job_id, key="try").count()
+        SideEffect.objects.create(job_id=ctx.job_id, key="try", worker=ctx.worker_id)
+        if tries < ctx.input.get("turn_aways", 0):
+            raise RetryLater(f"gate closed (try {tries + 1})", at=timezone.now(),
+                             consume_attempt=False)  # fmt: skip
 
 
 @register

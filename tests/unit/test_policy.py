@@ -13,8 +13,10 @@ from durable.policy import (
     backoff_delay,
     error_entry,
     parse_duration,
+    reclaim_delay,
     redact,
     truncate_utf8,
+    worker_alive,
 )
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -153,3 +155,41 @@ def test_may_start__table(access: str, privileged: bool, allowed: bool):
     op = _Op()
     op.access = access
     assert may_start(op, privileged=privileged) is allowed
+
+
+@pytest.mark.parametrize(
+    ("silent_for", "lease_seconds", "alive"),
+    [
+        (0, 30, True),  # just beat
+        (20, 90, True),  # a 90 s-lease peer beats every 30 s: 20 s of silence is normal
+        (21, 10, False),  # a 10 s-lease peer beats every 3.3 s: over two leases silent
+        (59, 30, True),  # one late beat is tolerated: the margin is a whole extra lease
+        (61, 30, False),
+        (1, 0.3, False),  # short test leases shrink the window with them
+    ],
+)
+def test_worker_alive__judged_by_the_worker_s_own_lease(silent_for, lease_seconds, alive):
+    heartbeat_at = NOW - timedelta(seconds=silent_for)
+    assert worker_alive(heartbeat_at=heartbeat_at, lease_seconds=lease_seconds, now=NOW) is alive
+
+
+@pytest.mark.parametrize(
+    ("position", "ceiling"),
+    [
+        (0, 0.0),  # the first job taken back is due at once
+        (1, 0.1),
+        (10, 1.0),  # the spread grows with the number taken back in the round
+        (10_000, 30.0),  # capped: even a huge backlog starts within 30 s
+    ],
+)
+def test_reclaim_delay__spreads_jobs_with_jitter_within_a_cap(position, ceiling):
+    rng = random.Random(7)
+    delays = [reclaim_delay(position, rng=rng) for _ in range(200)]
+    assert all(0.0 <= delay <= ceiling for delay in delays)
+    if ceiling:
+        assert max(delays) > ceiling / 2  # jittered over the range, not one instant
+
+
+def test_reclaim_delay__refuses_a_negative_position():
+    with pytest.raises(ValueError, match="from 0"):
+        reclaim_delay(-1)

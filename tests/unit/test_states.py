@@ -38,6 +38,7 @@ Q, R, P, CG, CD, F, C = (
         (Action.RETRY, F, False, Q, False),
         (Action.RETRY, P, False, Q, False),
         (Action.RETRY, Q, False, None, False),  # only wakes it (skips the backoff)
+        (Action.RETRY, R, True, None, False),  # already running
         (Action.RETRY, C, False, None, True),
         (Action.RETRY, CD, False, None, True),
     ],
@@ -59,6 +60,20 @@ def test_decide__retry_of_queued_job_only_wakes_it():
     assert decision.applies
     assert decision.wake
     assert decision.new_state is None
+
+
+@pytest.mark.parametrize(
+    ("due", "applies"),
+    [
+        (False, True),  # waiting out a backoff: "retry now" makes it due now
+        (True, False),  # already due (or a double click): already so, no second event
+    ],
+)
+def test_decide__retry_of_a_queued_job_wakes_it_only_if_it_is_waiting(due, applies):
+    decision = decide(Action.RETRY, Q, lease_held=False, due=due)
+    assert decision.applies is applies
+    assert decision.new_state is None
+    assert not decision.refused
 
 
 def test_decide__resume_of_exhausted_pause_restores_the_attempt_budget():

@@ -1,9 +1,10 @@
-"""``python manage.py purge_jobs --older-than 30d``: retention for finished jobs."""
+"""``python manage.py purge_jobs [--older-than 30d]``: retention for finished jobs."""
 
 from __future__ import annotations
 
 import argparse
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from durable.errors import InputRejected
@@ -19,14 +20,21 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--older-than", default="30d", help="e.g. 30d, 12h, 90m (default 30d)")
+        parser.add_argument(
+            "--older-than",
+            default=None,
+            help="e.g. 30d, 12h, 90m (default: DURABLE_RETENTION, the standing schedule's age)",
+        )
         parser.add_argument(
             "--enqueue", action="store_true", help="only enqueue the purge for a worker to run"
         )
 
     def handle(self, *args: object, **options: object) -> None:
+        older_than = options["older_than"] or str(settings.DURABLE_RETENTION).strip()
+        if older_than.lower() == "off":
+            raise CommandError("DURABLE_RETENTION is off: say how old with --older-than (e.g. 30d)")
         try:
-            job = enqueue("durable.purge", {"older_than": options["older_than"]}, owner="cli")
+            job = enqueue("durable.purge", {"older_than": older_than}, owner="cli")
         except InputRejected as exc:
             raise CommandError(str(exc)) from None
         if options["enqueue"]:

@@ -10,7 +10,7 @@ import sys
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from durable.worker import Worker, default_worker_id
+from durable.worker import MAX_WORKER_ID_PREFIX, Worker, default_worker_id
 
 
 def valid_positive_int(text: str) -> int:
@@ -36,6 +36,15 @@ def valid_seconds(text: str) -> float:
 def valid_queue(text: str) -> str:
     if not text or len(text) > 64 or not text.replace("-", "").replace("_", "").isalnum():
         raise argparse.ArgumentTypeError(f"{text!r}: a queue name is 1-64 letters, digits, - or _")
+    return text
+
+
+def valid_worker_id(text: str) -> str:
+    """A prefix for the worker id: printable, no spaces, at most 150 characters."""
+    if not text or len(text) > MAX_WORKER_ID_PREFIX or not text.isprintable() or " " in text:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a worker id is 1-{MAX_WORKER_ID_PREFIX} printable characters, no spaces"
+        )
     return text
 
 
@@ -77,8 +86,12 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--worker-id",
+            type=valid_worker_id,
             default=None,
-            help="identity in leases and logs (default host:pid:random)",
+            help=(
+                "prefix of the identity in leases and logs; a random suffix is added at "
+                "every start, so a restarted process never reuses one (default host:pid)"
+            ),
         )
         parser.add_argument(
             "--operation",
@@ -98,7 +111,7 @@ class Command(BaseCommand):
         if options["lease_seconds"] < 0.3:
             raise CommandError("--lease-seconds must be at least 0.3")
         worker = Worker(
-            worker_id=options["worker_id"] or default_worker_id(),
+            worker_id=default_worker_id(options["worker_id"]),
             queues=options["queues"] or ["default"],
             concurrency=options["concurrency"],
             burst=options["burst"],
