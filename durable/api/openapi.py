@@ -463,6 +463,22 @@ def _action(name: str) -> dict[str, Any]:
     }
 
 
+# Answered by gunicorn itself, before the application sees the request, so it is an
+# HTML page rather than a problem document: any request can get it.
+URI_TOO_LONG = {
+    "description": "The request line is longer than the server reads (gunicorn's "
+    "limit_request_line, 4094 bytes by default).",
+    "content": {"text/html": {"schema": {"type": "string"}}},
+}
+
+
+def _with_server_limits(paths: dict[str, Any]) -> dict[str, Any]:
+    for methods in paths.values():
+        for operation in methods.values():
+            operation["responses"].setdefault("414", URI_TOO_LONG)
+    return paths
+
+
 BODY_PROBLEMS = {
     "400": _problem("Malformed JSON or invalid fields; `errors` says which."),
     "411": _problem("A chunked body: send it with a Content-Length."),
@@ -759,7 +775,7 @@ def build_document(prefix: str = "/api/") -> dict[str, Any]:
             "`jobs:read`, `jobs:write`, `schedules:read`, `schedules:write`, and `jobs:admin` "
             "on top of them for privileged operations and other clients' jobs.",
         },
-        "paths": paths,
+        "paths": _with_server_limits(paths),
         "components": {
             "schemas": SCHEMAS,
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
