@@ -135,6 +135,9 @@ class ImportCase(Case):
 
     def __init__(self, tmp_path: Path, settings) -> None:
         super().__init__(tmp_path, settings)
+        # Imports read only inside RECOVERY_IMPORT_DIRS: here and in the workers.
+        settings.RECOVERY_IMPORT_DIRS = [str(tmp_path)]
+        self.env = {"RECOVERY_IMPORT_DIRS": str(tmp_path)}
         self.path = tmp_path / f"export.{self.format}"
         self.path.write_bytes(self.content())
 
@@ -327,7 +330,7 @@ def test_imports__two_workers_one_record_per_file_and_no_duplicate_events(
         jobs.enqueue("import.jsonl", {"path": str(same), "batch_records": 2}).pk,
         jobs.enqueue("import.csv", {"path": str(other), "batch_records": 2}).pk,
     ]
-    procs = [workers.start("--burst") for _ in range(2)]
+    procs = [workers.start("--burst", env=first.env) for _ in range(2)]
     for proc in procs:
         assert proc.wait(timeout=120) == 0, workers.log(proc)
     assert set(Job.objects.filter(pk__in=ids).values_list("state", flat=True)) == {"completed"}
