@@ -114,8 +114,11 @@ class Scenario:
 class BackupScenario(Scenario):
     operation = "backup.database"
     # Between the rename that publishes the backup and the backup-created event;
-    # right after that event was sent (the unit not yet checkpointed).
-    crash_points = ("after_unit:3", "backup.after_publish:1", "announced:1")
+    # with that event written but its transaction not committed; right after the
+    # commit (the unit not yet checkpointed).
+    crash_points = (
+        "after_unit:3", "backup.after_publish:1", "announce.before_commit:1", "announced:1",
+    )  # fmt: skip
 
     def cases(self, env: Env, count: int = 1) -> list[Case]:
         make_dataset()
@@ -147,8 +150,9 @@ class BackupScenario(Scenario):
 class RestoreScenario(Scenario):
     operation = "restore.database"
     databases = ("default", "other")
-    # Right after the unit that deletes the current rows; after restore-backup was sent.
-    crash_points = ("after_unit:3", "after_unit:2", "announced:1")
+    # Right after the unit that deletes the current rows; before and after the
+    # transaction that records restore-backup commits.
+    crash_points = ("after_unit:3", "after_unit:2", "announce.before_commit:1", "announced:1")
 
     def cases(self, env: Env, count: int = 1) -> list[Case]:
         make_dataset()
@@ -244,8 +248,8 @@ def corrupt_in_place(path: Path, offset: int = 7) -> None:
 class ScanScenario(Scenario):
     operation = "integrity.scan"
     # 13 files in 5 batches: begin(1), 5 batches (2-6), sweep (7), report (8); and
-    # right after the batch's transaction sent its corruption-detected event.
-    crash_points = ("after_unit:3", "after_unit:7", "announced:1")
+    # inside the batch's transaction, right after it wrote its corruption-detected event.
+    crash_points = ("after_unit:3", "after_unit:7", "announce.before_commit:1", "announced:1")
 
     def cases(self, env: Env, count: int = 1) -> list[Case]:
         prefixes = ["p0", "p1", "p2"][:count]

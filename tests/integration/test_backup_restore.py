@@ -1,8 +1,9 @@
 """Backups and restores beyond the shared scenarios: damaged backups, merge mode, commands.
 
-Most tests run the job in the test's own transaction (recovery events, sent
-on commit, are captured with ``captureOnCommitCallbacks``; Django's test
-case checks deferred foreign keys at teardown). Tests with a worker
+Most tests run the job in the test's own transaction (recovery events are
+written in the announcing transaction; the engine's other signals, sent on
+commit, are captured with ``captureOnCommitCallbacks``; Django's test case
+checks deferred foreign keys at teardown). Tests with a worker
 subprocess or a command running the job in a thread use ``transaction=True``.
 """
 
@@ -69,7 +70,7 @@ def backups(tmp_path: Path, settings) -> Path:
 
 
 def run(job_id: int):
-    """Run the job here; recovery events (sent on commit) are delivered as it runs."""
+    """Run the job here; signals sent on commit are delivered as it runs."""
     with TestCase.captureOnCommitCallbacks(execute=True):
         return drain(job_id, timeout=60)
 

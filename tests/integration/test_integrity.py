@@ -1,8 +1,8 @@
 """integrity.scan beyond the shared scenario: database checks, real SQLite corruption, scopes.
 
-Jobs run in the test's own transaction (recovery events captured on commit)
-unless a real file must be corrupted under a closed connection or a command
-thread must see the rows (``transaction=True``).
+Jobs run in the test's own transaction (on-commit signals captured) unless a
+real file must be corrupted under a closed connection or a command thread must
+see the rows (``transaction=True``).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def scan_root(tmp_path: Path, settings) -> Path:
 
 
 def run(job_id: int):
-    with TestCase.captureOnCommitCallbacks(execute=True):  # recovery events are sent on commit
+    with TestCase.captureOnCommitCallbacks(execute=True):  # the engine's on-commit signals
         return drain(job_id, timeout=60)
 
 
