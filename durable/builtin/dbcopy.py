@@ -35,7 +35,7 @@ from django.db import IntegrityError, connections, router
 
 from .. import faults
 from ..errors import InputRejected, NonRetryable
-from ..operations import JobContext, Operation, Unit, register
+from ..operations import Access, JobContext, Operation, Unit, register
 from . import inputs
 from .fence import fenced
 from .tables import (
@@ -79,8 +79,14 @@ class CopyDatabase(Operation):
     description = "Copy this site's tables to another configured database, then verify them."
     max_attempts = 5
     input_form = CopyForm
+    # It deletes and writes the target's rows.
+    access = Access.PRIVILEGED
 
     # --- enqueue -------------------------------------------------------------------
+
+    def unique_key(self, data: dict[str, Any]) -> str:
+        """One writer per target database: copies and restores into it share the key."""
+        return inputs.database_write_key(data["target"])
 
     def clean_input(self, data: dict[str, Any]) -> dict[str, Any]:
         inputs.reject_unknown(data, FIELDS)

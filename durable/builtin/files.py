@@ -50,7 +50,7 @@ from django.core.files.utils import validate_file_name
 from .. import faults
 from ..errors import InputRejected, NonRetryable, Unavailable, VerificationFailed
 from ..models import UnitResult
-from ..operations import JobContext, Operation, Unit, register
+from ..operations import Access, JobContext, Operation, Unit, register
 
 log = logging.getLogger("durable.op.files.move")
 
@@ -266,6 +266,19 @@ class MoveFiles(Operation):
     backoff_base, backoff_max = 5.0, 600.0
     unit_timeout = 3600.0
     input_form = MoveFilesForm
+    # It deletes the sources and writes into any configured storage.
+    access = Access.PRIVILEGED
+
+    def unique_key(self, data: dict[str, Any]) -> str:
+        """One unfinished move between two storages, whichever way and whatever the names.
+
+        Two moves over the same pair could race for one file (one's copy seen as
+        the other's finished destination), and a move back the other way while
+        the first runs could delete the only copy. Either order of the pair gives
+        the same key.
+        """
+        first, second = sorted((data["source"], data["destination"]))
+        return f"files.move:{first}<->{second}"
 
     def clean_input(self, data: dict[str, Any]) -> dict[str, Any]:
         aliases = {}

@@ -115,8 +115,13 @@ class IntegrityScan(Operation):
     description = "Check stored files against the last scan, or the database's pages."
     max_attempts = 5
     input_form = ScanForm
+    # Access.ANYONE: it only reads, and reports what it found to Problems → Recovery.
 
     # --- enqueue -------------------------------------------------------------------
+
+    def unique_key(self, data: dict[str, Any]) -> str:
+        """One unfinished scan per scope: asking again returns the scan already under way."""
+        return inputs.bounded_key(f"integrity.scan:{scope_of(data)}")
 
     def clean_input(self, data: dict[str, Any]) -> dict[str, Any]:
         inputs.reject_unknown(data, FIELDS)

@@ -40,7 +40,7 @@ from django.conf import settings
 from django.db import IntegrityError
 
 from ..errors import InputRejected, NonRetryable
-from ..operations import JobContext, Operation, Unit, register
+from ..operations import Access, JobContext, Operation, Unit, register
 from . import backupdir, inputs
 from .announce import announce
 from .fence import fenced
@@ -101,8 +101,14 @@ class RestoreDatabase(Operation):
     max_attempts = 3
     non_retryable = (backupdir.BackupDamaged,)
     input_form = RestoreForm
+    # It replaces the site's rows.
+    access = Access.PRIVILEGED
 
     # --- enqueue -------------------------------------------------------------------
+
+    def unique_key(self, data: dict[str, Any]) -> str:
+        """One writer per database: restores and copies into it share the key."""
+        return inputs.database_write_key(data["database"])
 
     def clean_input(self, data: dict[str, Any]) -> dict[str, Any]:
         inputs.reject_unknown(data, FIELDS)

@@ -134,6 +134,14 @@ class ImportEvents(Operation):
     format = ""
     # It reads a server path (inside RECOVERY_IMPORT_DIRS): not for everyone who may start jobs.
     access = Access.PRIVILEGED
+
+    def unique_key(self, data: dict[str, Any]) -> str:
+        """One unfinished import per path (either format): ``--wait`` again follows it."""
+        key = f"import:{data['path']}"
+        if len(key) <= 255:
+            return key
+        return f"import:sha256:{hashlib.sha256(key.encode('utf-8', 'surrogateescape')).hexdigest()}"
+
     atomic_units = True  # its only side effects are rows in this database
     max_attempts = 5
     backoff_base, backoff_max = 2.0, 120.0

@@ -199,7 +199,10 @@ def test_scope__a_second_scan_of_the_same_scope_waits_for_the_first(scan_root):
         "integrity.scan", {"storage": "scan"}, run_after=timezone.now() + timedelta(hours=1)
     )
     IntegrityScope.objects.create(scope="storage:scan:", job_id=holder.pk)
-    waiting = jobs.enqueue("integrity.scan", {"storage": "scan"})
+    # Asking again returns the unfinished scan (the operation's unique key)...
+    assert jobs.enqueue("integrity.scan", {"storage": "scan"}).pk == holder.pk
+    # ...and a scan that got past it (a caller's own key) waits for the scope.
+    waiting = jobs.enqueue("integrity.scan", {"storage": "scan"}, unique_key="own key")
     Worker(worker_id="w").execute(
         *claim("w", queues=[], operations=["integrity.scan"], lease_seconds=30, job_id=waiting.pk)
     )
