@@ -93,6 +93,14 @@ def new_rows_get_fresh_ids(alias: str) -> bool:
     return created.pk > highest
 
 
+def rescue_restarts_announce_nothing_new(job: Job) -> None:
+    from durable.builtin.restore import on_worker_started
+
+    before = events(job)
+    on_worker_started(sender="test")
+    assert events(job) == before
+
+
 def events(job: Job) -> Counter:
     return Counter(RecordedEvent.objects.filter(job_id=job.pk).values_list("type", "done"))
 
@@ -176,7 +184,18 @@ class RestoreScenario(Scenario):
             assert new_rows_get_fresh_ids(alias)
 
         def check_cancelled(job: Job) -> None:
-            assert not events(job)
+            # Cancelled after its "clear" unit: the tables are empty, and Problems →
+            # Recovery says so, once, with what to run to finish.
+            assert job.units_done >= 2  # verify, clear
+            assert events(job) == {("restore-backup", False): 1}
+            event = RecordedEvent.objects.get(job_id=job.pk)
+            assert (event.severity, event.deleted_data, event.db) == ("error", True, alias)
+            assert f"into database {alias!r} (job {job.pk}) was cancelled" in event.detail
+            assert "after it deleted the current rows" in event.detail
+            assert f"restore_database base --replace --database {alias}" in event.detail
+            assert "opsapp.sample" in event.detail  # an emptied table, by name
+            # A worker starting later (the catch-up for a lost announcement) adds nothing.
+            rescue_restarts_announce_nothing_new(job)
 
         return Case(
             {"name": "base", "database": alias, "replace": True, "exclude": TEST_EXCLUDE},

@@ -37,8 +37,9 @@ from durable.builtin.models import Announcement
 from durable.builtin.restore import RestoreForm
 from durable.builtin.tables import TableDigest, row_bytes
 from durable.errors import InputRejected, LeaseLost
+from durable.lease import claim, commit_unit, settle
 from durable.models import Job
-from durable.operations import Unit, get_operation
+from durable.operations import JobContext, Unit, get_operation
 from tests.conftest import BASE_DIR, wait_until
 from tests.opsapp.models import Node, RecordedEvent, Sample, Tag
 
@@ -231,6 +232,102 @@ def test_restore__a_worker_that_lost_its_lease_cannot_delete_anything(backups):
         restore_op.run_unit(stale, Unit(key="clear"))
     assert contents("default") == before
     assert restore_op.run_unit(fresh, Unit(key="clear"))["deleted"] > 0
+
+
+# --- a replace that stops after deleting --------------------------------------------------
+
+
+def _interrupted(job) -> list[RecordedEvent]:
+    return list(RecordedEvent.objects.filter(job_id=job.pk, type="restore-backup"))
+
+
+def test_restore__failing_after_the_clear_says_which_tables_are_empty_and_how_to_finish(
+    backups, monkeypatch
+):
+    make_dataset()
+    backup("base")
+    real = backupdir.read_part
+
+    def unreadable_samples(path, part, columns):
+        if part["file"].startswith("opsapp.sample."):
+            raise backupdir.BackupDamaged(f"{part['file']} changed after the backup was verified")
+        return real(path, part, columns)
+
+    monkeypatch.setattr(backupdir, "read_part", unreadable_samples)
+    job = restore("base", replace=True)
+    assert job.state == "failed"
+    assert Sample.objects.count() == 0  # deleted by the clear, never loaded again
+    (event,) = _interrupted(job)
+    assert (event.done, event.deleted_data, event.severity) == (False, True, "error")
+    assert f"(job {job.pk}) failed after it deleted the current rows" in event.detail
+    assert "opsapp.sample" in event.detail
+    assert "restored completely" in event.detail  # the parents loaded before the failure
+    assert "restore_database base --replace --database default" in event.detail
+    # The same stop reported again (a worker start's catch-up): nothing new.
+    from durable.builtin.restore import announce_interrupted, on_worker_started
+
+    assert announce_interrupted(job.pk) is False
+    on_worker_started(sender="test")
+    assert len(_interrupted(job)) == 1
+    # Fixed and retried, the job finishes; "done" is the newer event.
+    monkeypatch.setattr(backupdir, "read_part", real)
+    assert jobs.retry_now(job.pk, actor="ops").applied
+    assert run(job.pk).state == "completed"
+    assert [e.done for e in _interrupted(job)] == [False, True]
+
+
+def test_restore__an_announcement_lost_to_a_crash_is_made_at_the_next_worker_start(backups):
+    make_dataset()
+    backup("base")
+    job = jobs.enqueue(
+        "restore.database", {"name": "base", "replace": True, "exclude": TEST_EXCLUDE}
+    )
+    lease, claimed = claim("w", queues=[], operations=["restore.database"], lease_seconds=30,
+                           job_id=job.pk)  # fmt: skip
+    op = get_operation("restore.database")
+    ctx = JobContext(job_id=job.pk, operation=job.operation, input=claimed.input,
+                     checkpoint=None, attempt=1, worker_id="w",
+                     lease_epoch=lease.epoch)  # fmt: skip
+    units = op.units(ctx)
+    for _ in range(2):  # verify, then clear: the tables are empty now
+        unit = next(units)
+        result = op.run_unit(ctx, unit)
+        commit_unit(lease, key=unit.key, result=result, checkpoint=unit.checkpoint,
+                    units_total=None)  # fmt: skip
+        ctx.checkpoint = unit.checkpoint
+    units.close()
+    assert Sample.objects.count() == 0
+    # Cancelled and settled with no on-commit receiver ever running: the process
+    # that made the change died right after its commit.
+    assert jobs.cancel(job.pk, actor="ops").applied
+    settle(lease)
+    job.refresh_from_db()
+    assert job.state == "cancelled"
+    assert _interrupted(job) == []
+    from durable.builtin.restore import on_worker_started
+
+    on_worker_started(sender="worker")
+    (event,) = _interrupted(job)
+    assert (event.done, event.deleted_data) == (False, True)
+    assert "was cancelled after it deleted the current rows" in event.detail
+    on_worker_started(sender="worker")
+    assert len(_interrupted(job)) == 1
+
+
+def test_restore__a_stop_before_the_clear_or_without_replace_reports_nothing_more(backups):
+    make_dataset()
+    backup("base")
+    merged = jobs.enqueue("restore.database", {"name": "base", "exclude": TEST_EXCLUDE})
+    queued = jobs.enqueue(
+        "restore.database",
+        {"name": "base", "database": "default", "replace": True, "exclude": TEST_EXCLUDE},
+        unique_key="another",
+    )
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        jobs.cancel(merged.pk, actor="ops")
+        jobs.cancel(queued.pk, actor="ops")
+    assert _interrupted(merged) == []
+    assert _interrupted(queued) == []
 
 
 # --- round trips and modes ----------------------------------------------------------------
