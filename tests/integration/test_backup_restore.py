@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import tracemalloc
 from datetime import timedelta
 from pathlib import Path
 from subprocess import PIPE, STDOUT
@@ -429,6 +430,39 @@ def test_backup__a_published_backup_checks_with_sha256sum_format(backups):
     header = json.loads(gzip.decompress(first_part(path).read_bytes()).splitlines()[0])
     assert header["model"] == "opsapp.sample"
     assert header["columns"][0] == "id"
+
+
+def test_verify__streams_the_parts_in_bounded_memory(tmp_path):
+    """A backup of big parts is verified one line at a time, never a whole file in memory."""
+    path = tmp_path / "big"
+    path.mkdir()
+    columns = ["id", "text"]
+    parts, digest = [], TableDigest()
+    for index in range(2):
+        rows = [[index * 10_000 + n, os.urandom(400).hex()] for n in range(10_000)]  # 8 MB each
+        for row in rows:
+            digest.add(row_bytes(row))
+        data = backupdir.encode_part({"model": "opsapp.tag", "columns": columns}, rows)
+        name = f"opsapp.tag.{index:06d}.jsonl.gz"
+        (path / name).write_bytes(data)
+        parts.append({"file": name, "rows": len(rows), "bytes": len(data),
+                      "sha256": hashlib.sha256(data).hexdigest()})  # fmt: skip
+    manifest = {"format": "durable-backup/1", "tables": [
+        {"model": "opsapp.tag", "table": "opsapp_tag", "columns": columns, "pk": "id",
+         "rows": 20_000, "digest": digest.hexdigest(), "parts": parts}]}  # fmt: skip
+    raw = json.dumps(manifest).encode()
+    (path / MANIFEST).write_bytes(raw)
+    sums = {part["file"]: part["sha256"] for part in parts}
+    (path / SUMS).write_text(format_sums({**sums, MANIFEST: hashlib.sha256(raw).hexdigest()}))
+    size = (path / parts[0]["file"]).stat().st_size
+    tracemalloc.start()
+    try:
+        backupdir.verify(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert size > 4_000_000
+    assert peak < size / 4, f"peak {peak:,} bytes for parts of {size:,}"
 
 
 @committed
