@@ -41,7 +41,7 @@ class Command(OperationCommand):
         return data
 
     def summary(self, job: Job) -> str:
-        verified = job.unit_results.filter(key__startswith="verify:")
+        verified = job.unit_results.filter(key__startswith="verified:")
         rows = sum(
             (result or {}).get("rows", 0) for result in verified.values_list("result", flat=True)
         )
