@@ -15,8 +15,12 @@ Units, in order:
 4. ``link:<model>:<n>`` — …and filled in by upserting those parts again once
    every row of the cycle exists;
 5. ``sequences`` — move PostgreSQL sequences past the restored ids;
-6. ``finish`` — with ``replace``, compare every table's row count and digest
-   with the manifest's; announce ``restore-backup``.
+6. ``check:<model>:<n>`` (``replace`` only) — the digest of one batch of a
+   restored table (``CHECK_BATCH`` rows in primary-key order), bounded like
+   every other unit;
+7. ``finish`` — with ``replace``, the batches' digests add up per table and
+   must equal the manifest's, and each table must still hold the manifest's
+   row count; announce ``restore-backup``.
 
 A ``replace`` restore that ends cancelled or failed after ``clear`` has left
 the restored tables empty or partly loaded. That is announced as a
@@ -62,15 +66,20 @@ from .models import Announcement
 from .tables import (
     PlanError,
     TableSpec,
+    batches,
+    combine,
+    count_rows,
     delete_all,
-    digest_table,
+    digest_batch,
     plan_order,
     reset_sequences,
     site_tables,
+    units_for,
     upsert,
 )
 
 FIELDS = ("name", "database", "replace", "exclude")
+CHECK_BATCH = 2000  # rows per check unit
 STOPPED = (JobState.CANCELLED, JobState.FAILED)
 INTERRUPTED_KEY = "restore-interrupted"
 MAX_LISTED = 10
@@ -191,14 +200,21 @@ class RestoreDatabase(Operation):
         for label in order:
             if label in deferred:
                 steps += [f"link:{label}:{n}" for n in range(len(tables[label]["parts"]))]
-        return [*steps, "sequences", "finish"]
+        steps.append("sequences")
+        if ctx.input["replace"]:
+            steps.append("check")  # not a unit: it stands for the check batches
+        return [*steps, "finish"]
 
     def total_units(self, ctx: JobContext) -> int | None:
         try:
             manifest = json.loads((self._path(ctx) / MANIFEST).read_bytes())
-            return len(self._steps(ctx, manifest))
+            steps = self._steps(ctx, manifest)
         except (OSError, ValueError, KeyError, TypeError, PlanError):
             return None  # the verify unit will say what is wrong
+        if "check" not in steps:
+            return len(steps)
+        rows = [t["rows"] for t in self._restored(ctx, manifest)]
+        return len(steps) - 1 + sum(units_for(n, CHECK_BATCH) for n in rows)
 
     def units(self, ctx: JobContext) -> Iterator[Unit]:
         checkpoint = ctx.checkpoint or {"next": 0}
@@ -209,10 +225,39 @@ class RestoreDatabase(Operation):
         manifest = self._manifest(ctx, checkpoint["manifest"])
         steps = self._steps(ctx, manifest)
         for index in range(checkpoint["next"], len(steps)):
+            if steps[index] == "check":
+                resume = checkpoint if index == checkpoint["next"] else {}
+                yield from self._check_units(ctx, manifest, checkpoint["manifest"], index, resume)
+                continue
             yield Unit(
                 key=steps[index],
                 checkpoint={"next": index + 1, "manifest": checkpoint["manifest"]},
             )
+
+    def _check_units(
+        self,
+        ctx: JobContext,
+        manifest: dict[str, Any],
+        sha: str,
+        index: int,
+        resume: dict[str, Any],
+    ) -> Iterator[Unit]:
+        """Batches of every restored table, resumed at the (table, last key) of the checkpoint."""
+        order, _ = self._plan(ctx, manifest)
+        site = self._site(ctx)
+        try:
+            for batch in batches(
+                site, order, ctx.input["database"], CHECK_BATCH,
+                table=resume.get("table"), after=resume.get("after"), index=resume.get("n", 0),
+            ):  # fmt: skip
+                yield Unit(
+                    key=f"check:{batch.label}:{batch.index}",
+                    payload={"table": batch.label, "after": batch.after, "upto": batch.upto},
+                    checkpoint={"next": index, "manifest": sha,
+                                "table": batch.label, "after": batch.upto, "n": batch.index + 1},
+                )  # fmt: skip
+        except ValueError as exc:
+            raise NonRetryable(f"the restored tables changed during the restore: {exc}") from None
 
     # --- units ---------------------------------------------------------------------
 
@@ -252,6 +297,11 @@ class RestoreDatabase(Operation):
                 ) from exc
         if step == "sequences":
             return {"statements": reset_sequences([site[label] for label in order], alias)}
+        if step == "check":
+            payload = unit.payload
+            return digest_batch(
+                site[payload["table"]], alias, payload["after"], payload["upto"]
+            ).as_dict()
         if step == "finish":
             return self._finish(ctx, manifest, [site[label] for label in order])
         raise NonRetryable(f"unknown restore step {unit.key!r}")
@@ -294,12 +344,19 @@ class RestoreDatabase(Operation):
         alias, replace = ctx.input["database"], ctx.input["replace"]
         tables = {t["model"]: t for t in self._restored(ctx, manifest)}
         if replace:
+            checked: dict[str, list[Any]] = {spec.label: [] for spec in specs}
+            found_checks = UnitResult.objects.filter(job_id=ctx.job_id, key__startswith="check:")
+            for key, result in found_checks.values_list("key", "result"):
+                checked.setdefault(key.split(":")[1], []).append(result)
             differ = []
             for spec in specs:
-                found = digest_table(spec, alias)
+                found = combine(checked[spec.label])
                 table = tables[spec.label]
-                if (found.rows, found.hexdigest()) != (table["rows"], table["digest"]):
-                    differ.append(f"{spec.label} ({found.rows} rows, backup {table['rows']})")
+                now = count_rows(spec, alias)  # and nothing was written since the checks
+                if (found.rows, found.hexdigest(), now) != (
+                    table["rows"], table["digest"], table["rows"],
+                ):  # fmt: skip
+                    differ.append(f"{spec.label} ({now} rows, backup {table['rows']})")
             if differ:
                 announce(
                     ctx,

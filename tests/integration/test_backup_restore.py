@@ -354,6 +354,42 @@ def test_round_trip__replace_restores_exactly_the_backed_up_rows(backups):
     assert (event.type, event.done, event.deleted_data) == ("restore-backup", True, True)
 
 
+def test_replace__the_final_check_runs_in_bounded_batches(backups, monkeypatch):
+    make_dataset()
+    backup("full")
+    monkeypatch.setattr("durable.builtin.restore.CHECK_BATCH", 5)
+    job = restore("full", replace=True)
+    assert job.state == "completed", job.reason
+    checks = dict(job.unit_results.filter(key__startswith="check:opsapp.sample:")
+                  .values_list("key", "result"))  # fmt: skip
+    assert sorted(checks) == [f"check:opsapp.sample:{n}" for n in range(3)]  # 12 rows: 5 + 5 + 2
+    assert [checks[f"check:opsapp.sample:{n}"]["rows"] for n in range(3)] == [5, 5, 2]
+    assert job.units_done == job.units_total
+
+
+@pytest.mark.parametrize("when", ["before its check", "after its check"])
+def test_replace__a_write_during_the_restore_is_found_and_reported(backups, monkeypatch, when):
+    make_dataset()
+    backup("full")
+    op = get_operation("restore.database")
+    real = op.run_unit
+
+    def meanwhile(ctx, unit):
+        if unit.key == "check:opsapp.sample:0" and when == "before its check":
+            Sample.objects.filter(pk=Sample.objects.order_by("pk")[0].pk).update(name="changed")
+        if unit.key == "finish" and when == "after its check":
+            Sample.objects.create(name="written after the check")
+        return real(ctx, unit)
+
+    monkeypatch.setattr(op, "run_unit", meanwhile)
+    job = restore("full", replace=True)
+    assert job.state == "failed"
+    assert "these tables differ from the backup" in job.reason
+    (event,) = RecordedEvent.objects.filter(job_id=job.pk)
+    assert (event.type, event.done) == ("restore-backup", False)
+    assert "opsapp.sample" in event.detail
+
+
 def test_merge__brings_back_deleted_and_changed_rows_and_keeps_new_ones(backups):
     make_dataset()
     expected = contents("default")
