@@ -25,7 +25,7 @@ from durable.builtin.models import IntegrityScope, InventoryEntry
 from durable.errors import InputRejected
 from durable.lease import claim
 from durable.worker import Worker
-from tests.opsapp.models import RecordedEvent
+from tests.opsapp.models import RecordedEvent, Sample
 
 from .helpers import drain
 from .opscenarios import FILES, write_files
@@ -64,16 +64,45 @@ def sent(job) -> list[tuple[str, str]]:
 # --- databases ------------------------------------------------------------------------------
 
 
+def table_units(job) -> dict[str, dict]:
+    """Each table's own unit (``table:<name>``), without its page ranges."""
+    found = job.unit_results.filter(key__startswith="table:").values_list("key", "result")
+    return {key: result for key, result in found if key.count(":") == 1}
+
+
 def test_database__every_table_is_checked_and_a_clean_database_is_ok():
     job = scan(target="database")
     assert job.state == "completed", job.reason
     tables = connections["default"].introspection.table_names()
-    checked = job.unit_results.filter(key__startswith="table:")
-    assert checked.count() == len(tables)
+    checked = table_units(job)
+    assert len(checked) == len(tables)
     method = "PRAGMA quick_check" if connections["default"].vendor == "sqlite" else "full read"
-    assert {r["method"] for r in checked.values_list("result", flat=True)} == {method}
+    all_units = job.unit_results.filter(key__startswith="table:").values_list("result", flat=True)
+    assert {r["method"] for r in all_units} == {method}
     assert sent(job) == [("integrity-ok", "info")]
     assert f"{len(tables)} tables" in RecordedEvent.objects.get(job_id=job.pk).detail
+    assert job.units_done == job.units_total
+
+
+@pytest.mark.skipif(not PG, reason="page ranges are PostgreSQL's")
+def test_database__a_big_table_is_read_in_bounded_page_ranges(monkeypatch):
+    Sample.objects.bulk_create(Sample(name="x" * 90, text="y" * 600) for _ in range(300))
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT pg_relation_size('opsapp_sample') / 8192")
+        blocks = cursor.fetchone()[0]
+    assert blocks >= 3
+    monkeypatch.setattr("durable.builtin.integrity.BLOCKS_PER_UNIT", 2)
+    job = scan(target="database")
+    assert job.state == "completed", job.reason
+    ranges = dict(job.unit_results.filter(key__startswith="table:opsapp_sample:")
+                  .values_list("key", "result"))  # fmt: skip
+    assert sorted(ranges, key=lambda k: int(k.rsplit(":", 1)[1])) == [
+        f"table:opsapp_sample:{first}" for first in range(0, blocks, 2)
+    ]
+    assert ranges["table:opsapp_sample:0"]["pages"] == [0, 2]
+    assert all(r["problems"] == [] for r in ranges.values())
+    assert job.units_done == job.units_total
+    assert sent(job) == [("integrity-ok", "info")]
 
 
 @pytest.mark.skipif(not PG, reason="amcheck is a PostgreSQL extension")
@@ -86,7 +115,7 @@ def test_database__uses_amcheck_when_it_is_installed():
     job = scan(target="database")
     assert job.state == "completed", job.reason
     results = job.unit_results.filter(key__startswith="table:").values_list("result", flat=True)
-    assert {r["method"] for r in results} == {"amcheck"}
+    assert {r["method"] for r in results} == {"amcheck"}  # pages (verify_heapam) and indexes
     assert all(r["problems"] == [] for r in results)
     assert sent(job) == [("integrity-ok", "info")]
 
@@ -129,8 +158,8 @@ def test_database__real_sqlite_corruption_is_detected_and_reported_once():
         assert "PRAGMA quick_check" in event.detail
         result = job.unit_results.get(key="table:rotting").result
         assert result["problems"]
-        others = job.unit_results.exclude(key="table:rotting").filter(key__startswith="table:")
-        assert all(r["problems"] == [] for r in others.values_list("result", flat=True))
+        others = {k: r for k, r in table_units(job).items() if k != "table:rotting"}
+        assert all(r["problems"] == [] for r in others.values())
         assert IntegrityScope.objects.get(scope="database:other").tallies["corrupted"] == 1
     finally:
         connections["other"].close()
