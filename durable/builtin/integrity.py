@@ -214,9 +214,12 @@ class IntegrityScan(Operation):
                 blocks = self._blocks(ctx, table)
                 ranges += -(-blocks // BLOCKS_PER_UNIT) if blocks else 0
             return len(self._tables(ctx)) + ranges + 2
-        keys = keys_after(self._listdir(ctx), ctx.input["prefix"], None)
-        files = sum(1 for key in keys if storable(key))
-        return -(-files // ctx.input["batch_files"]) + 3
+        # The batches the scan will cut, by the same rule (files *and* bytes per batch).
+        keys = filter(storable, keys_after(self._listdir(ctx), ctx.input["prefix"], None))
+        batches = 0
+        while take_batch(keys, max_files=ctx.input["batch_files"], max_bytes=MAX_PAYLOAD_BYTES):
+            batches += 1
+        return batches + 3
 
     def units(self, ctx: JobContext) -> Iterator[Unit]:
         checkpoint = ctx.checkpoint or {"phase": "begin"}

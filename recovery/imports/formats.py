@@ -150,6 +150,37 @@ def read_records(
     return records, position
 
 
+def count_batches(
+    handle: IO[bytes],
+    start: int,
+    *,
+    quoted: bool,
+    limit: int,
+    max_records: int,
+    max_bytes: int,
+    skip_first: bool = False,
+) -> int:
+    """How many batches ``read_records`` will cut from ``start`` on: the progress bar's total.
+
+    The same reads, the same limits, so the count is exact for an unchanged
+    file; ``skip_first`` leaves out a CSV's header record.
+    """
+    handle.seek(start)
+    position = start
+    if skip_first:
+        _, consumed = read_record(handle, quoted=quoted, limit=limit)
+        position += consumed
+    batches = 0
+    while True:
+        records, position = read_records(
+            handle, position, quoted=quoted, limit=limit,
+            max_records=max_records, max_bytes=max_bytes,
+        )  # fmt: skip
+        if not records:
+            return batches
+        batches += 1
+
+
 # --- CSV ----------------------------------------------------------------------------------------
 
 

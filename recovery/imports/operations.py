@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import math
 import os
 import stat
 from collections.abc import Iterator
@@ -51,7 +50,15 @@ from durable.operations import Access, JobContext, Operation, Unit, register
 from ..models import RecoveryEvent
 from ..parsing import SKIP_LABELS
 from ..records import insert_lines
-from .formats import Batch, parse_header, parse_records, read_record, read_records, record_limit
+from .formats import (
+    Batch,
+    count_batches,
+    parse_header,
+    parse_records,
+    read_record,
+    read_records,
+    record_limit,
+)
 from .formats import skip_labels as with_csv_labels
 from .models import ImportRecord, ImportState
 
@@ -208,15 +215,27 @@ class ImportEvents(Operation):
             raise NonRetryable(f"{path} is not a regular file")
         return os.fdopen(fd, "rb")
 
-    def _scan(self, handle: IO[bytes]) -> tuple[str, int]:
-        """(SHA-256, lines) of the whole file: its identity, and the progress bar's estimate."""
+    def _scan(self, ctx: JobContext, handle: IO[bytes]) -> tuple[str, int]:
+        """(SHA-256, batches) of the whole file: its identity, and the progress bar's total.
+
+        The batches are counted by the very reads the import will make (a CSV's
+        header, quoted newlines, the last line without its newline, the byte
+        limit of a batch), so a completed import shows N/N.
+        """
         sha = hashlib.sha256()
-        lines = 0
         handle.seek(0)
         while chunk := handle.read(HASH_CHUNK):
             sha.update(chunk)
-            lines += chunk.count(b"\n")
-        return sha.hexdigest(), lines
+        batches = count_batches(
+            handle,
+            0,
+            quoted=self.csv,
+            limit=record_limit(self.csv),
+            max_records=ctx.input["batch_records"],
+            max_bytes=BATCH_BYTES,
+            skip_first=self.csv,
+        )
+        return sha.hexdigest(), batches
 
     def _data_start(self, handle: IO[bytes], path: str) -> tuple[int, list[str] | None, list[str]]:
         """Where records start, and the CSV columns (None for JSONL)."""
@@ -231,6 +250,15 @@ class ImportEvents(Operation):
         except ValueError as exc:
             raise NonRetryable(f"{path}: {exc}") from None
         return consumed, columns, ignored
+
+    def _done_elsewhere(self, ctx: JobContext, sha: str) -> bool:
+        record = ImportRecord.objects.filter(sha256=sha).exclude(job_id=ctx.job_id).first()
+        if record is None:
+            return False
+        if record.state == ImportState.COMPLETED:
+            return True
+        other = Job.objects.filter(pk=record.job_id).only("state").first()
+        return other is not None and not other.is_finished
 
     def _same_file(self, ctx: JobContext, handle: IO[bytes], checkpoint: dict[str, Any]) -> None:
         """The open file is the one the import started with (device, inode, size, mtime)."""
@@ -253,10 +281,12 @@ class ImportEvents(Operation):
         checkpoint = ctx.checkpoint or {}
         identity = _identity(os.fstat(handle.fileno()))
         if not checkpoint:
-            sha, lines = self._scan(handle)
+            sha, batches = self._scan(ctx, handle)
             if _identity(os.fstat(handle.fileno())) != identity:
                 raise NonRetryable(f"{ctx.input['path']} changed while it was read; try again")
-            ctx.set_total(math.ceil(lines / ctx.input["batch_records"]) + 2)
+            # The source, the batches, the summary — or the source alone, if this file is
+            # imported already or being imported by another job (the source unit decides).
+            ctx.set_total(1 if self._done_elsewhere(ctx, sha) else batches + 2)
             checkpoint = {"sha256": sha, **identity, "offset": None}
             yield Unit(
                 key="source",

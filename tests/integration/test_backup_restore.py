@@ -558,6 +558,25 @@ def test_backup__writes_during_the_backup(backups, workers, snapshot):
 
 @pytest.mark.skipif(PG, reason="snapshots are for SQLite")
 @committed
+def test_backup__a_snapshot_backups_total_is_the_snapshots(backups, workers):
+    make_dataset()
+    job = jobs.enqueue("backup.database", {"name": "snap", "batch_size": 4, "snapshot": True,
+                                           "exclude": TEST_EXCLUDE})  # fmt: skip
+    env = {"DURABLE_BACKUP_DIR": str(backups)}
+    # Stopped after the claim counted the live rows, before "begin" takes the snapshot.
+    proc = workers.start("--burst", faults="before_unit:1:stop", lease=LEASE, env=env)
+    wait_until(lambda: proc_state(proc.pid) == "T")
+    Sample.objects.bulk_create(Sample(name=f"late {n}") for n in range(8))  # two more parts
+    os.kill(proc.pid, signal.SIGCONT)
+    assert proc.wait(timeout=60) == 0, workers.log(proc)
+    job.refresh_from_db()
+    assert job.state == "completed", job.reason
+    assert job.units_done == job.units_total
+    assert job.unit_results.get(key="publish").result["rows"] >= 20  # the late rows are in
+
+
+@pytest.mark.skipif(PG, reason="snapshots are for SQLite")
+@committed
 def test_backup__a_snapshot_backup_resumes_from_its_snapshot_after_a_crash(backups, workers):
     make_dataset()
     at_start = contents("default")

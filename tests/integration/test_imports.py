@@ -195,6 +195,23 @@ def test_batches_are_units_and_the_checkpoint_is_the_byte_offset(tmp_path):
     assert [e.detail for e in imported()] == ["0", "1", "2", "3", "4"]
 
 
+@pytest.mark.parametrize(
+    ("operation", "name", "data"),
+    [
+        ("import.csv", "x.csv", CSV),  # a header, a quoted newline, 5 rows
+        ("import.jsonl", "x.jsonl", JSONL),  # the last line without its newline
+    ],
+)
+@pytest.mark.parametrize("batch", [1, 2, 1000])
+def test_progress__a_completed_import_shows_n_of_n(tmp_path, operation, name, data, batch):
+    job = run_import(operation, write(tmp_path, name, data), batch_records=batch)
+    assert job.state == "completed"
+    assert job.units_done == job.units_total
+    again = run_import(operation, write(tmp_path, f"again-{name}", data), batch_records=batch)
+    assert again.events.filter(kind="already_imported").exists()
+    assert again.units_done == again.units_total == 1
+
+
 def test_an_empty_file_imports_nothing(tmp_path):
     for operation, name in (("import.jsonl", "e.jsonl"), ("import.csv", "e.csv")):
         job = run_import(operation, write(tmp_path, name, b""))

@@ -24,6 +24,7 @@ from durable.builtin.integrity import ScanForm
 from durable.builtin.models import IntegrityScope, InventoryEntry
 from durable.errors import InputRejected
 from durable.lease import claim
+from durable.operations import JobContext, get_operation
 from durable.worker import Worker
 from tests.opsapp.models import RecordedEvent, Sample
 
@@ -181,6 +182,22 @@ def test_storage__first_scan_records_a_baseline_and_reports_ok(scan_root):
     again = scan(storage="scan", batch_files=4)
     assert sent(again) == [("integrity-ok", "info")]
     assert InventoryEntry.objects.filter(scope="storage:scan:", status="ok").count() == len(FILES)
+
+
+def test_storage__the_total_counts_batches_cut_short_by_the_byte_limit(scan_root):
+    """Long names fill a unit's payload before batch_files do: the estimate knows it."""
+    names = {"d" * 200 + f"/{n:03d}-" + "n" * 236: b"x" for n in range(400)}  # 441 characters
+    write_files(scan_root, names)
+    job = jobs.enqueue("integrity.scan", {"storage": "scan"})  # 200 files per batch at most
+    op = get_operation("integrity.scan")
+    ctx = JobContext(job_id=job.pk, operation=job.operation, input=job.input, checkpoint=None,
+                     attempt=1, worker_id="w", lease_epoch=1)  # fmt: skip
+    estimate = op.total_units(ctx)
+    job = run(job.pk)
+    assert job.state == "completed", job.reason
+    batches = job.unit_results.filter(key__startswith="files:").count()
+    assert batches == 4  # the byte limit cuts at 111 names, before batch_files (200)
+    assert estimate == batches + 3 == job.units_total == job.units_done
 
 
 def test_storage__names_that_are_not_utf8_are_skipped_and_counted(scan_root):
