@@ -6,6 +6,8 @@ walks a Django storage (``STORAGES``) in a stable order, hashing at most
 the previous scan: new, unchanged, modified (its modification time moved) or
 corrupted (its bytes changed, yet its size and modification time did not).
 The checkpoint is the last key of the batch, so a restart continues after it.
+A corrupted file keeps its last good baseline in the inventory, so every
+later scan reports it again until its bytes are back or it is rewritten.
 A final sweep marks the files of the inventory that were not seen as missing.
 Each batch's inventory update, its tallies and its ``corruption-detected``
 event commit in one transaction: a batch repeated after a crash finds its
@@ -377,6 +379,13 @@ class IntegrityScan(Operation):
                     )
                 elif status == OK and entry.mtime == state.mtime:
                     unchanged.append(entry.pk)  # the common case: one UPDATE for all of them
+                elif status == CORRUPTED:
+                    # Keep the last good baseline: the damaged bytes must not become what the
+                    # next scan calls "ok". Reported by every scan until the bytes are back
+                    # (ok again) or the file is rewritten (its mtime moves: modified).
+                    InventoryEntry.objects.filter(pk=entry.pk).update(
+                        status=CORRUPTED, seen_by=ctx.job_id, checked_at=now
+                    )
                 else:
                     InventoryEntry.objects.filter(pk=entry.pk).update(**fields)
             InventoryEntry.objects.bulk_create(created)

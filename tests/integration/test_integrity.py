@@ -29,7 +29,7 @@ from durable.worker import Worker
 from tests.opsapp.models import RecordedEvent, Sample
 
 from .helpers import drain
-from .opscenarios import FILES, write_files
+from .opscenarios import FILES, corrupt_in_place, write_files
 
 PG = os.environ.get("DATABASE_URL", "").startswith("postgres")
 pytestmark = pytest.mark.django_db
@@ -198,6 +198,36 @@ def test_storage__the_total_counts_batches_cut_short_by_the_byte_limit(scan_root
     batches = job.unit_results.filter(key__startswith="files:").count()
     assert batches == 4  # the byte limit cuts at 111 names, before batch_files (200)
     assert estimate == batches + 3 == job.units_total == job.units_done
+
+
+def test_storage__a_corrupted_file_is_reported_until_its_bytes_are_back(scan_root):
+    write_files(scan_root, FILES)
+    scan(storage="scan")
+    good = InventoryEntry.objects.get(key="b/corrupt.bin").sha256
+    pristine = (scan_root / "b/corrupt.bin").read_bytes()
+    corrupt_in_place(scan_root / "b/corrupt.bin")
+    for _ in range(2):  # the damage does not become the baseline: reported again
+        job = scan(storage="scan")
+        assert sent(job) == [("corruption-detected", "error")]
+        entry = InventoryEntry.objects.get(key="b/corrupt.bin")
+        assert (entry.status, entry.sha256) == ("corrupted", good)
+        assert IntegrityScope.objects.get(scope="storage:scan:").tallies["corrupted"] == 1
+    stat = (scan_root / "b/corrupt.bin").stat()
+    (scan_root / "b/corrupt.bin").write_bytes(pristine)  # restored from a backup
+    os.utime(scan_root / "b/corrupt.bin", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert sent(scan(storage="scan")) == [("integrity-ok", "info")]
+    assert InventoryEntry.objects.get(key="b/corrupt.bin").status == "ok"
+
+
+def test_storage__touching_a_corrupted_file_accepts_its_bytes(scan_root):
+    """The documented acknowledgement: a rewrite (moved mtime) is a modification, once."""
+    write_files(scan_root, FILES)
+    scan(storage="scan")
+    corrupt_in_place(scan_root / "b/corrupt.bin")
+    assert sent(scan(storage="scan")) == [("corruption-detected", "error")]
+    os.utime(scan_root / "b/corrupt.bin", (1_800_000_000, 1_800_000_000))
+    assert sent(scan(storage="scan")) == [("corruption-detected", "warning")]  # modified
+    assert sent(scan(storage="scan")) == [("integrity-ok", "info")]
 
 
 def test_storage__names_that_are_not_utf8_are_skipped_and_counted(scan_root):
