@@ -17,7 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
 from durable import jobs, rescue
@@ -107,6 +107,7 @@ def events(job: Job) -> Counter:
 
 class Scenario:
     operation = ""
+    name = ""  # the test id, when one operation has two scenarios
     databases: tuple[str, ...] = ("default",)
     # Crash points after a side effect: the 3rd unit for every operation, plus
     # the operation's own delicate moment.
@@ -116,7 +117,7 @@ class Scenario:
         raise NotImplementedError
 
     def __repr__(self) -> str:
-        return self.operation
+        return self.name or self.operation
 
 
 class BackupScenario(Scenario):
@@ -215,6 +216,20 @@ class CopyScenario(Scenario):
         return [self._case(target) for target in ["other", "lite"][:count]]
 
     def _case(self, target: str) -> Case:
+        def check_cancelled(job: Job) -> None:
+            # Stopped after emptying the target and copying a batch: what is there is
+            # right, row for row; nothing was verified, so nothing claims it is complete.
+            assert job.units_done >= 2
+            assert not job.unit_results.filter(key__startswith="verified:").exists()
+            source, partial = contents("default"), contents(target)
+            for label, rows in partial.items():
+                assert all(row in source[label] for row in rows), label
+            assert partial != source
+            # The target is not stuck: the next copy (replace) makes it whole.
+            again = drain(jobs.enqueue(self.operation, job.input).pk, timeout=120)
+            assert again.state == "completed", again.reason
+            assert contents(target) == source
+
         def check(job: Job) -> None:
             assert job.state == "completed", job.reason
             assert contents(target) == contents("default")
@@ -224,7 +239,9 @@ class CopyScenario(Scenario):
             assert new_rows_get_fresh_ids(target)
 
         return Case(
-            {"target": target, "replace": True, "batch_size": 5, "exclude": TEST_EXCLUDE}, check
+            {"target": target, "replace": True, "batch_size": 5, "exclude": TEST_EXCLUDE},
+            check,
+            check_cancelled,
         )
 
 
@@ -320,4 +337,50 @@ class ScanScenario(Scenario):
         return Case({"storage": "scan", "prefix": prefix, "batch_files": 3}, check, check_cancelled)
 
 
-SCENARIOS = [BackupScenario(), RestoreScenario(), CopyScenario(), ScanScenario()]
+class DatabaseScanScenario(Scenario):
+    """integrity.scan of a database: every table checked, one report, the scope released."""
+
+    operation = "integrity.scan"
+    name = "integrity.scan-database"
+    databases = ("default", "other")
+    # A unit of the table checks; inside and right after the report's transaction.
+    crash_points = ("after_unit:3", "announce.before_commit:1", "announced:1")
+
+    def cases(self, env: Env, count: int = 1) -> list[Case]:
+        make_dataset()
+        return [self._case(alias) for alias in ["default", "other"][:count]]
+
+    def _case(self, alias: str) -> Case:
+        scope = f"database:{alias}"
+
+        def check(job: Job) -> None:
+            assert job.state == "completed", job.reason
+            assert events(job) == {("integrity-ok", True): 1}
+            tables = set(connections[alias].introspection.table_names())
+            checked = {
+                key.split(":", 1)[1]
+                for key in job.unit_results.filter(key__startswith="table:").values_list(
+                    "key", flat=True
+                )
+                if key.count(":") == 1
+            }
+            assert checked == tables  # every table, once
+            results = job.unit_results.filter(key__startswith="table:")
+            assert all(r["problems"] == [] for r in results.values_list("result", flat=True))
+            row = IntegrityScope.objects.get(scope=scope)
+            assert (row.job_id, row.tallies["corrupted"]) == (job.pk, 0)
+            assert row.finished_at is not None
+
+        def check_cancelled(job: Job) -> None:
+            assert not events(job)  # no report for a scan that did not finish
+            # The scope is free again: the next scan starts at once and completes.
+            again = drain(jobs.enqueue(self.operation, job.input).pk, timeout=120)
+            assert again.state == "completed", again.reason
+            assert (again.attempts, events(again)) == (0, {("integrity-ok", True): 1})
+
+        return Case({"target": "database", "database": alias}, check, check_cancelled)
+
+
+SCENARIOS = [
+    BackupScenario(), RestoreScenario(), CopyScenario(), ScanScenario(), DatabaseScanScenario(),
+]  # fmt: skip

@@ -240,6 +240,7 @@ def test_completes(case, workers):
 @pytest.mark.parametrize(
     "fault",
     [
+        "before_unit:2",  # the unit was about to run: nothing of it happened yet
         "after_unit:2",  # the unit's side effect happened; its checkpoint did not
         "after_checkpoint:2",  # the checkpoint committed; the next unit did not start
     ],
@@ -248,11 +249,17 @@ def test_crash__a_restarted_worker_finishes_and_nothing_is_done_twice(case, work
     crashed = workers.run(faults=fault, env=case.env)
     assert crashed.returncode == -signal.SIGKILL, workers.log(crashed)
     assert case.job().state == "running"
+    if fault.startswith("before_unit"):
+        # Crashed before its second unit: one unit checkpointed, and it is not run again.
+        assert case.job().units_done == 1
+        first = set(UnitResult.objects.filter(job_id=case.job().pk).values_list("key", "id"))
     restarted = workers.run(env=case.env)
     assert restarted.returncode == 0, workers.log(restarted)
     job = case.job()
     assert (job.state, job.reclaims) == ("completed", 1)
     case.assert_done_once()
+    if fault.startswith("before_unit"):
+        assert first <= set(UnitResult.objects.filter(job_id=job.pk).values_list("key", "id"))
 
 
 def test_expired_lease__another_worker_takes_over_and_the_stale_one_changes_nothing(case, workers):
