@@ -18,7 +18,7 @@ import threading
 from typing import Any
 
 from django.core.management.base import CommandError
-from django.db import connection
+from django.db import connections
 
 from ..models import Job
 from ..worker import Worker
@@ -38,7 +38,7 @@ def run_here(job_id: int, out: Any, *, interval: float = 0.2) -> Job:
         except BaseException as exc:  # reported below, in the main thread
             failures.append(exc)
         finally:
-            connection.close()
+            connections.close_all()  # every alias the job used (a copy's target, a restore's)
 
     runner = threading.Thread(target=run, name=f"job-{job_id}", daemon=True)
     runner.start()
