@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -102,7 +103,7 @@ def decode_part(data: bytes, *, name: str) -> tuple[dict[str, Any], list[list[An
         lines = gzip.decompress(data).decode().splitlines()
         header = json.loads(lines[0])
         rows = [json.loads(line) for line in lines[1:] if line]
-    except (OSError, EOFError, UnicodeDecodeError, ValueError, IndexError) as exc:
+    except (OSError, EOFError, UnicodeDecodeError, ValueError, IndexError, zlib.error) as exc:
         raise BackupDamaged(f"{name} cannot be read: {exc}") from None
     if not isinstance(header, dict) or not all(isinstance(row, list) for row in rows):
         raise BackupDamaged(f"{name} is not a part file (header or rows malformed)")
@@ -238,7 +239,7 @@ def _stream_part(
                         problems.append(f"{name}: a row has {len(row)} values, expected {width}")
                         narrow = True
                     digest.add(row_bytes(row))
-        except (OSError, EOFError, UnicodeDecodeError, ValueError) as exc:
+        except (OSError, EOFError, UnicodeDecodeError, ValueError, zlib.error) as exc:
             problems.append(f"{name} cannot be read: {exc}")
         else:
             if rows != part["rows"]:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from django.db import transaction
 
 from durable.models import Job
 from tests.conftest import BASE_DIR, wait_until
@@ -27,6 +28,7 @@ from tests.conftest import BASE_DIR, wait_until
 from .dataset import TEST_EXCLUDE, alias_url, make_dataset
 from .helpers import drain
 from .opscenarios import FILES, proc_state, write_files
+from .test_backup_restore import read_until
 
 pytestmark = [
     pytest.mark.django_db(transaction=True, databases=["default", "other"]),
@@ -140,9 +142,16 @@ def test_move_files__ctrl_c_releases_the_job_at_a_file_boundary(workers, places,
     )  # fmt: skip
     try:
         wait_until(lambda: proc_state(proc.pid) == "T", timeout=60)  # two files moved
-        os.kill(proc.pid, signal.SIGINT)  # Ctrl-C, taken when it continues
-        os.kill(proc.pid, signal.SIGCONT)
+        job = Job.objects.get(operation="files.move")
+        with transaction.atomic():
+            # Hold the job's row: the job's thread cannot commit another file until the
+            # command has taken the Ctrl-C, so the test does not race it.
+            Job.objects.select_for_update().get(pk=job.pk)
+            os.kill(proc.pid, signal.SIGINT)  # Ctrl-C, taken when it continues
+            os.kill(proc.pid, signal.SIGCONT)
+            early = read_until(proc, "interrupted: stopping at the next unit boundary")
         out, _ = proc.communicate(timeout=60)
+        out = early + out
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -150,7 +159,7 @@ def test_move_files__ctrl_c_releases_the_job_at_a_file_boundary(workers, places,
     assert proc.returncode == 1, out
     assert "interrupted: stopping at the next unit boundary" in out
     assert "continues from its checkpoint when run again (no attempt was spent)" in out
-    job = Job.objects.get(operation="files.move")
+    job.refresh_from_db()
     assert (job.state, job.lease_owner, job.attempts) == ("queued", None, 0)
     assert 2 <= job.units_done < job.units_total
     moved = {p.name for p in (tmp_path / "dst").rglob("*") if p.is_file()}
