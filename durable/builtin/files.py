@@ -396,7 +396,14 @@ class MoveFiles(Operation):
         name = unit.payload["name"]
         where = f"{ctx.input['source']}:{name}"
         try:
-            return self._move(ctx, src, dst, name)
+            try:
+                return self._move(ctx, src, dst, name)
+            except FileNotFoundError:
+                if src.exists(name):
+                    raise  # something else went missing: retried with backoff
+                # The source went while we read it (another move took it, or its owner
+                # deleted it): decide again — moved by someone, or vanished.
+                return self._move(ctx, src, dst, name)
         except OSError as exc:
             mapped = _access_error(exc, where)
             if mapped is exc:

@@ -233,6 +233,28 @@ def test_move__into_a_storage_that_is_not_a_local_directory(roots, settings):
     assert tree(src) == {"taken.txt": b"ours"}
 
 
+@pytest.mark.parametrize("meanwhile", ["moved by another job", "deleted by its owner"])
+def test_move__a_source_that_goes_while_it_is_read_is_not_a_failure(roots, monkeypatch, meanwhile):
+    src, dst = roots
+    fill(src, {"a.txt": b"alpha\n"})
+    real = files_module._HashingReader.read
+
+    def taken_away(self, n=-1):
+        if (src / "a.txt").exists():
+            if meanwhile == "moved by another job":
+                fill(dst, {"a.txt": b"alpha\n"})
+            (src / "a.txt").unlink()
+            raise FileNotFoundError(2, "No such file or directory", str(src / "a.txt"))
+        return real(self, n)
+
+    monkeypatch.setattr(files_module._HashingReader, "read", taken_away)
+    job = drain(jobs.enqueue("files.move", {"source": "src", "destination": "dst"}).pk)
+    assert (job.state, job.attempts) == ("completed", 0)
+    expected = "already_moved" if meanwhile == "moved by another job" else "vanished"
+    assert outcomes(job) == {"a.txt": expected}
+    assert tree(dst) == ({"a.txt": b"alpha\n"} if expected == "already_moved" else {})
+
+
 def test_move__temporary_names_are_never_moved_as_files(roots):
     src, dst = roots
     fill(src, {"a.txt": b"a", files_module.temporary_name("a.txt", 7): b"left by a crash"})
