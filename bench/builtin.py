@@ -135,8 +135,11 @@ def reset_events() -> None:
 
 
 def bench_imports(records: int, scratch: Path) -> None:
+    from django.conf import settings
+
     from recovery.models import RecoveryEvent
 
+    settings.RECOVERY_IMPORT_DIRS = [str(scratch)]  # imports read only from there
     jsonl, csv_path = write_exports(scratch, records)
     reset_events()
     ingest, _ = run_job("recovery.ingest", {"path": str(jsonl)})

@@ -316,9 +316,10 @@ for _alias in FILE_STORAGES:
     if _alias in STORAGES:
         raise ImproperlyConfigured(f"FILE_STORAGES: {_alias!r} is already in STORAGES")
 STORAGES.update(FILE_STORAGES)
-# Directories import.jsonl / import.csv may read from (comma-separated). Empty:
-# any file the worker can read, like recovery.ingest's path.
-RECOVERY_IMPORT_DIRS = env_list("RECOVERY_IMPORT_DIRS", "")
+# Directories import.jsonl / import.csv may read from (comma-separated); the
+# default var/imports is created when first needed. Never "anywhere": whoever
+# starts an import names a file the worker reads.
+RECOVERY_IMPORT_DIRS = env_list("RECOVERY_IMPORT_DIRS", str(VAR_DIR / "imports"))
 
 
 # --- Problems dashboard (README: "Problems dashboard") --------------------------------------

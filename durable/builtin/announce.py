@@ -1,18 +1,28 @@
-"""Recovery events from built-in operations, sent once per job and fact.
+"""Recovery events from built-in operations: recorded exactly once per job and fact.
 
 A unit's side effect (a published backup, a restored table) is not in the
 transaction that advances the checkpoint, so a crash in between repeats the
-unit. The event must not repeat with it: ``announce`` inserts an
-``Announcement`` row keyed by (job, key) and sends the signal on commit of
-that same transaction. A repeated unit finds the row and stays silent; a
-unit that crashed before the commit sends it when it runs again.
+unit. The event must not repeat with it, and must not be lost either.
+``announce`` is an outbox: in **one transaction** it inserts an
+``Announcement`` row keyed by (job, key) and sends ``recovery_event`` to
+the receivers, which write their rows (the ``RecoveryEvent``, the
+notification deliveries) in that same transaction. Either both commit or
+neither does: a unit killed before the commit sends it when it runs again,
+one killed after it finds the row and stays silent. There is no moment
+between "marked as sent" and "sent" for a crash to fall into.
+
+Receivers therefore run inside the announcing transaction and must only
+write to the database (no network). A receiver's database error rolls the
+announcement back and fails the unit, which is retried; any other error is
+logged and does not stop the others, as with ``send_robust``.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 
 from .. import faults, signals
 from ..operations import JobContext
@@ -21,6 +31,8 @@ from .models import Announcement
 
 MAX_DETAIL_BYTES = 2048
 MAX_OBJECTS = 50
+
+log = logging.getLogger("durable.builtin.announce")
 
 
 def event_kwargs(ctx: JobContext, type: str, **fields: Any) -> dict[str, Any]:
@@ -45,10 +57,30 @@ def event_kwargs(ctx: JobContext, type: str, **fields: Any) -> dict[str, Any]:
     return kwargs
 
 
-def announce(ctx: JobContext, key: str, type: str, **fields: Any) -> bool:
-    """Send a recovery event unless this job already sent ``key``; True if it is sent now.
+def send_in_transaction(**kwargs: Any) -> None:
+    """Send ``recovery_event`` now, inside the caller's transaction (a savepoint of its own).
 
-    Inside a caller's transaction the marker and the send commit (or roll
+    A receiver that hit a database error may have left the transaction unusable
+    (PostgreSQL refuses every later statement): its error is raised, which rolls
+    the savepoint back and the announcement with it, instead of committing a
+    marker whose event never got written.
+    """
+    with transaction.atomic():
+        for receiver, result in signals.recovery_event.send_robust(sender="durable", **kwargs):
+            if isinstance(result, DatabaseError):
+                raise result
+            if isinstance(result, Exception):
+                log.error(
+                    "recovery_event receiver failed",
+                    extra={"receiver": getattr(receiver, "__qualname__", repr(receiver))},
+                    exc_info=result,
+                )
+
+
+def announce(ctx: JobContext, key: str, type: str, **fields: Any) -> bool:
+    """Record a recovery event unless this job already did for ``key``; True if it is done now.
+
+    Inside a caller's transaction the marker and the event commit (or roll
     back) with the caller's writes — e.g. an inventory update that proves
     the finding.
     """
@@ -57,9 +89,13 @@ def announce(ctx: JobContext, key: str, type: str, **fields: Any) -> bool:
         with transaction.atomic():
             _, created = Announcement.objects.get_or_create(job_id=ctx.job_id, key=key[:200])
             if created:
-                signals.send_on_commit(signals.recovery_event, **kwargs)
-                # Crash tests: the event is out, the unit's checkpoint not yet advanced.
-                transaction.on_commit(lambda: faults.reach("announced"))
+                send_in_transaction(**kwargs)
+                # Crash tests: the event is written, its transaction not yet committed.
+                faults.reach("announce.before_commit")
     except IntegrityError:
-        return False  # a concurrent insert of the same key: that one sends it
+        return False  # a concurrent insert of the same key: that one records it
+    if created:
+        # Crash tests: marker and event are written (committed, unless the caller's
+        # transaction is still open); the unit's checkpoint has not advanced.
+        faults.reach("announced")
     return created

@@ -49,7 +49,7 @@ from django.utils.crypto import get_random_string
 from .. import faults
 from ..errors import InputRejected, NonRetryable, Unavailable, VerificationFailed
 from ..models import Job, UnitResult
-from ..operations import JobContext, Operation, Unit, register
+from ..operations import Access, JobContext, Operation, Unit, register
 from . import backupdir, inputs
 from .announce import announce
 from .manifest import MANIFEST, SUMS, build_manifest, format_sums, part_name
@@ -106,8 +106,14 @@ class BackupDatabase(Operation):
     description = "Copy this site's tables into a checksummed backup directory, published last."
     max_attempts = 5
     input_form = BackupForm
+    # It reads every table of the site into files on the server.
+    access = Access.PRIVILEGED
 
     # --- enqueue -------------------------------------------------------------------
+
+    def unique_key(self, data: dict[str, Any]) -> str:
+        """One unfinished backup per name: the same command again follows the first job."""
+        return inputs.bounded_key(f"backup.database:{data['name']}")
 
     def clean_input(self, data: dict[str, Any]) -> dict[str, Any]:
         inputs.reject_unknown(data, FIELDS)
@@ -116,7 +122,8 @@ class BackupDatabase(Operation):
             backupdir.check_name(name)
         except ValueError as exc:
             raise InputRejected("name", str(exc)) from None
-        if backup_path(name).exists():
+        if backup_path(name).exists() and not _published_by_unfinished(backup_path(name)):
+            # (Published by a job still verifying it: enqueue returns that job.)
             raise InputRejected("name", f"a backup named {name!r} already exists")
         database = inputs.database_alias(data, "database")
         snapshot = inputs.flag(data, "snapshot")
@@ -200,6 +207,12 @@ class BackupDatabase(Operation):
             phase, checkpoint = "tables", {}
         if phase == "tables":
             specs, order = self._tables(ctx)
+            if ctx.input.get("snapshot"):
+                # The parts are cut from the snapshot, not the live tables counted when
+                # the job was claimed: count its rows (it never changes: exact, each claim).
+                size, source = ctx.input["batch_size"], self._source(ctx)
+                parts = sum(units_for(count_rows(specs[label], source), size) for label in order)
+                ctx.set_total(3 + parts)
             try:
                 todo = batches(
                     specs,
@@ -450,3 +463,8 @@ def _published_by(path: Path) -> int | None:
         return json.loads((path / MANIFEST).read_bytes()).get("job_id")
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def _published_by_unfinished(path: Path) -> bool:
+    job_id = _published_by(path)
+    return job_id is not None and Job.objects.unfinished().filter(pk=job_id).exists()

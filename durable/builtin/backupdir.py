@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -102,7 +103,7 @@ def decode_part(data: bytes, *, name: str) -> tuple[dict[str, Any], list[list[An
         lines = gzip.decompress(data).decode().splitlines()
         header = json.loads(lines[0])
         rows = [json.loads(line) for line in lines[1:] if line]
-    except (OSError, EOFError, UnicodeDecodeError, ValueError, IndexError) as exc:
+    except (OSError, EOFError, UnicodeDecodeError, ValueError, IndexError, zlib.error) as exc:
         raise BackupDamaged(f"{name} cannot be read: {exc}") from None
     if not isinstance(header, dict) or not all(isinstance(row, list) for row in rows):
         raise BackupDamaged(f"{name} is not a part file (header or rows malformed)")
@@ -136,9 +137,10 @@ def verify(path: Path) -> dict[str, Any]:
 
     Nothing is trusted before its checksum matched: the manifest is parsed
     only after its SHA-256 agreed with SHA256SUMS. Then every part is read
-    once: its size and SHA-256 against both lists, and its rows decoded — the
-    header's columns, the row count and every table's digest must agree with
-    the manifest, so a part whose checksums were redone after an edit is
+    once, as a stream (memory stays at one line, whatever the size of the
+    parts): its size and SHA-256 against both lists, and its rows decoded —
+    the header's columns, the row count and every table's digest must agree
+    with the manifest, so a part whose checksums were redone after an edit is
     caught too.
     """
     if not path.is_dir():
@@ -155,7 +157,7 @@ def verify(path: Path) -> dict[str, Any]:
         sums = parse_sums(sums_path.read_text())
     except (ValueError, UnicodeDecodeError) as exc:
         raise BackupDamaged(f"{SUMS} is damaged: {exc}") from None
-    raw = manifest_path.read_bytes()
+    raw = manifest_path.read_bytes()  # small: the list of tables and parts
     if sums.pop(MANIFEST, None) != hashlib.sha256(raw).hexdigest():
         raise BackupDamaged(f"{MANIFEST} does not match its SHA-256 in {SUMS}")
     try:
@@ -165,46 +167,86 @@ def verify(path: Path) -> dict[str, Any]:
     if problems := shape_problems(manifest):
         raise BackupDamaged(_summary(problems))
     expected = manifest_files(manifest)
-    contents = {name: _read(path / name) for name in expected}
-    actual: dict[str, tuple[int, str] | None] = {
-        name: (len(data), hashlib.sha256(data).hexdigest()) if data is not None else None
-        for name, data in contents.items()
-    }
+    actual: dict[str, tuple[int, str] | None] = {}
+    row_problems: list[str] = []
+    for table in manifest["tables"]:
+        digest = TableDigest()
+        for part in table["parts"]:
+            name = part["file"]
+            actual[name] = _stream_part(path / name, name, table, part, digest, row_problems)
+        if digest.hexdigest() != table.get("digest"):
+            row_problems.append(f"{table['model']}: the rows do not match the manifest's digest")
     actual.update({name: file_digest(path / name) for name in set(sums) - set(expected)})
     if problems := inventory_problems(expected, sums, actual):
         raise BackupDamaged(_summary(problems))
-    if problems := _row_problems(manifest, contents):
-        raise BackupDamaged(_summary(problems))
+    if row_problems:
+        raise BackupDamaged(_summary(row_problems))
     return manifest
 
 
-def _read(path: Path) -> bytes | None:
+class _HashingFile:
+    """A file read through: counts and hashes every byte on the way (for ``gzip``)."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.handle.read(n if n is not None and n >= 0 else CHUNK)
+        self.sha.update(data)
+        self.size += len(data)
+        return data
+
+
+def _stream_part(
+    path: Path,
+    name: str,
+    table: dict[str, Any],
+    part: dict[str, Any],
+    digest: TableDigest,
+    problems: list[str],
+) -> tuple[int, str] | None:
+    """Read one part once: (bytes, SHA-256) of the file; its rows go into ``digest``.
+
+    None if the file is not there. What is wrong with its rows is added to
+    ``problems``.
+    """
+    width = len(table["columns"])
     try:
-        return path.read_bytes()
+        handle = open(path, "rb")  # noqa: SIM115 - closed below, after the rest is hashed
     except (FileNotFoundError, IsADirectoryError):
         return None
-
-
-def _row_problems(manifest: dict[str, Any], contents: dict[str, bytes | None]) -> list[str]:
-    problems = []
-    for table in manifest["tables"]:
-        digest = TableDigest()
-        width = len(table["columns"])
-        for part in table["parts"]:
-            name = part["file"]
-            header, rows = decode_part(contents[name] or b"", name=name)
-            if header.get("columns") != table["columns"]:
-                problems.append(f"{name}: its header's columns differ from the manifest's")
-            if len(rows) != part["rows"]:
-                problems.append(f"{name}: {len(rows)} rows, the manifest recorded {part['rows']}")
-            for row in rows:
-                if len(row) != width:
-                    problems.append(f"{name}: a row has {len(row)} values, expected {width}")
-                    break
-                digest.add(row_bytes(row))
-        if digest.hexdigest() != table.get("digest"):
-            problems.append(f"{table['model']}: the rows do not match the manifest's digest")
-    return problems
+    with handle:
+        hashing = _HashingFile(handle)
+        rows = 0
+        try:
+            with gzip.GzipFile(fileobj=hashing, mode="rb") as gz:  # type: ignore[arg-type]
+                header = json.loads(gz.readline() or b"null")
+                if not isinstance(header, dict):
+                    raise ValueError("no header line")
+                if header.get("columns") != table["columns"]:
+                    problems.append(f"{name}: its header's columns differ from the manifest's")
+                narrow = False
+                for line in gz:
+                    if not line.strip():
+                        continue
+                    row = json.loads(line)
+                    if not isinstance(row, list):
+                        raise ValueError("a row is not a JSON array")
+                    rows += 1
+                    if len(row) != width and not narrow:
+                        problems.append(f"{name}: a row has {len(row)} values, expected {width}")
+                        narrow = True
+                    digest.add(row_bytes(row))
+        except (OSError, EOFError, UnicodeDecodeError, ValueError, zlib.error) as exc:
+            problems.append(f"{name} cannot be read: {exc}")
+        else:
+            if rows != part["rows"]:
+                problems.append(f"{name}: {rows} rows, the manifest recorded {part['rows']}")
+        while hashing.read(CHUNK):  # whatever gzip did not need counts for the checksum too
+            pass
+        return hashing.size, hashing.sha.hexdigest()
 
 
 def read_part(path: Path, part: dict[str, Any], columns: list[str]) -> list[list[Any]]:

@@ -5,27 +5,70 @@
 stopped, as during a restore or the final copy of a database move. Either
 way the job is an ordinary durable job: Ctrl-C (or a crash) leaves it to
 continue from its checkpoint.
+
+Running a command again while its job is unfinished follows that job
+instead of starting a second one: the operation's ``unique_key`` (one
+restore per database, one move per pair of storages…) makes ``enqueue``
+return it. If the unfinished job was started with a *different* input (a
+restore of another backup into the same database), the command refuses and
+names it rather than following a job that does something else.
 """
 
 from __future__ import annotations
 
 import argparse
-import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connections
 
 from ..errors import InputRejected, UnknownOperation
 from ..jobs import enqueue
-from ..management.commands.enqueue_job import wait_for
+from ..management.progress import follow, run_here
 from ..models import Job, UnitResult
-from ..worker import Worker
+from ..operations import get_operation, max_input_bytes
+from ..sanitize import clean_input
 
 
 def split_list(values: list[str] | None) -> list[str]:
     """``--exclude a --exclude b,c`` -> ["a", "b", "c"]."""
     return [item.strip() for value in values or [] for item in value.split(",") if item.strip()]
+
+
+def cleaned(operation: str, data: dict[str, Any]) -> dict[str, Any]:
+    """The input as ``enqueue`` stores it (the same cleaning, in the same order)."""
+    op = get_operation(operation)
+    limit = max_input_bytes()
+    return clean_input(op.clean_input(clean_input(data, max_bytes=limit)), max_bytes=limit)
+
+
+def enqueue_or_follow(
+    operation: str, data: dict[str, Any], *, owner: str, out: Any, created_line: str = ""
+) -> Job:
+    """Enqueue, or return the unfinished job doing the same thing; refuse one doing another."""
+    try:
+        job = enqueue(operation, data, owner=owner)
+    except (InputRejected, UnknownOperation) as exc:
+        raise CommandError(str(exc)) from None
+    if getattr(job, "created", True):
+        line = created_line or "enqueued job {pk} ({operation})"
+        out.write(line.format(pk=job.pk, operation=job.operation))
+        return job
+    try:
+        wanted = cleaned(operation, data)
+    except InputRejected:
+        wanted = None  # e.g. a backup name now taken by the unfinished job's own publish
+    if job.operation != operation or (wanted is not None and job.input != wanted):
+        raise CommandError(
+            f"job {job.pk} ({job.operation}, {job.state}) holds {job.unique_key!r} with another "
+            f"input ({_short(job.input)}); wait for it or cancel it, then run this again"
+        )
+    out.write(f"job {job.pk} is already doing this ({job.state}); following it")
+    return job
+
+
+def _short(data: dict[str, Any], limit: int = 200) -> str:
+    text = ", ".join(f"{key}={value!r}" for key, value in data.items())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class OperationCommand(BaseCommand):
@@ -52,63 +95,21 @@ class OperationCommand(BaseCommand):
     def build_input(self, options: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError
 
-    def unique_key(self, data: dict[str, Any]) -> str | None:
-        return None
-
     def summary(self, job: Job) -> str:
         return f"job {job.pk} completed"
 
     def handle(self, *args: object, **options: Any) -> None:
         data = self.build_input(options)
-        try:
-            job = enqueue(
-                self.operation, data, owner=options["owner"], unique_key=self.unique_key(data)
-            )
-        except (InputRejected, UnknownOperation) as exc:
-            raise CommandError(str(exc)) from None
-        if getattr(job, "created", True):
-            self.stdout.write(f"enqueued job {job.pk} ({job.operation})")
-        else:
-            self.stdout.write(f"job {job.pk} is already doing this ({job.state}); following it")
+        job = enqueue_or_follow(self.operation, data, owner=options["owner"], out=self.stdout)
         if options["inline"]:
-            job = self._run_here(job.pk)
+            job = run_here(job.pk, self.stdout, interval=0.5)
         elif options["wait"]:
-            job = wait_for(job.pk, self.stdout)
+            job = follow(job.pk, self.stdout)
         else:
             return
         if job.state != "completed":
             raise CommandError(f"job {job.pk} ended {job.state}: {job.reason}")
         self.stdout.write(self.summary(job))
-
-    def _run_here(self, job_id: int) -> Job:
-        worker = Worker(burst=True, poll_interval=0.5)
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                worker.run_job(job_id)
-            except BaseException as exc:  # reported by the main thread
-                failure.append(exc)
-            finally:
-                connections.close_all()
-
-        thread = threading.Thread(target=run, name="durable-inline")
-        thread.start()
-        try:
-            job = wait_for(job_id, self.stdout)
-        except KeyboardInterrupt:
-            worker.stop()
-            self.stdout.write("interrupted: stopping at the next unit boundary")
-            self.stdout.flush()
-            thread.join()
-            raise CommandError(
-                f"interrupted: job {job_id} stops at its next unit boundary and continues "
-                "from its checkpoint when run again"
-            ) from None
-        thread.join()
-        if failure:
-            raise CommandError(f"job {job_id}: {failure[0]}")
-        return job
 
 
 def unit_result(job: Job, key: str) -> dict[str, Any]:

@@ -17,9 +17,16 @@ Units, in order:
 3. ``link:<model>:<n>`` — …and set by upserting those batches again once
    every row of the cycle is on the target;
 4. ``sequences`` — move the target's PostgreSQL sequences past the copied ids;
-5. ``verify:<model>`` — count the rows and compute an order-independent
-   digest of every value on both sides; any difference fails the job
-   (non-retryable: copy again with the site's writers stopped).
+5. ``verify:<model>:<n>`` — one batch of source rows (primary-key order,
+   ``batch_size`` rows) and the target's rows with the same keys: their
+   order-independent digests of every value must agree (by key, not by range:
+   vendors may sort text keys differently);
+6. ``verified:<model>`` — both tables hold exactly as many rows as the
+   batches covered, so the target has nothing extra and the source did not
+   grow; the batches' digests add up to the table's. Any difference fails the
+   job (non-retryable: copy again with the site's writers stopped). Every
+   verification unit is bounded by a batch, so a big table is checked in
+   many short units, resumed after a restart from the last one done.
 
 The engine's own tables (jobs and their events) are not copied: this job is
 running in them. See README "Moving to another database" for the switch-over.
@@ -35,16 +42,19 @@ from django.db import IntegrityError, connections, router
 
 from .. import faults
 from ..errors import InputRejected, NonRetryable
-from ..operations import JobContext, Operation, Unit, register
+from ..models import UnitResult
+from ..operations import Access, JobContext, Operation, Unit, register
 from . import inputs
 from .fence import fenced
 from .tables import (
     Plan,
     TableSpec,
     batches,
+    combine,
     count_rows,
     delete_all,
-    digest_table,
+    digest_keys,
+    digest_rows,
     missing_tables,
     plan_for,
     read_rows,
@@ -79,8 +89,14 @@ class CopyDatabase(Operation):
     description = "Copy this site's tables to another configured database, then verify them."
     max_attempts = 5
     input_form = CopyForm
+    # It deletes and writes the target's rows.
+    access = Access.PRIVILEGED
 
     # --- enqueue -------------------------------------------------------------------
+
+    def unique_key(self, data: dict[str, Any]) -> str:
+        """One writer per target database: copies and restores into it share the key."""
+        return inputs.database_write_key(data["target"])
 
     def clean_input(self, data: dict[str, Any]) -> dict[str, Any]:
         inputs.reject_unknown(data, FIELDS)
@@ -110,7 +126,8 @@ class CopyDatabase(Operation):
         size, source = ctx.input["batch_size"], ctx.input["source"]
         batches_per = {label: units_for(count_rows(specs[label], source), size) for label in specs}
         linked = sum(batches_per[label] for label in plan.deferred)
-        return 2 + sum(batches_per.values()) + linked + len(specs)
+        # prepare, the copies, the links, sequences, then each table's batches and its close.
+        return 2 + 2 * sum(batches_per.values()) + linked + len(specs)
 
     def units(self, ctx: JobContext) -> Iterator[Unit]:
         checkpoint = ctx.checkpoint or {"phase": "prepare"}
@@ -150,10 +167,38 @@ class CopyDatabase(Operation):
             yield Unit(key="sequences", checkpoint={"phase": "verify"})
             phase, checkpoint = "verify", {}
         if phase == "verify":
-            labels = list(plan.order)
-            start = labels.index(checkpoint["table"]) + 1 if checkpoint.get("table") else 0
-            for label in labels[start:]:
-                yield Unit(key=f"verify:{label}", checkpoint={"phase": "verify", "table": label})
+            yield from self._verify_units(ctx, specs, plan, checkpoint)
+
+    def _verify_units(
+        self, ctx: JobContext, specs: dict[str, TableSpec], plan: Plan, checkpoint: dict
+    ) -> Iterator[Unit]:
+        """Each table's batches, then its close; resumed at (table, last key) or the next table."""
+        labels = list(plan.order)
+        table = checkpoint.get("table")
+        if table is None:
+            start, after, number = 0, None, 0
+        elif checkpoint.get("closed"):
+            start, after, number = labels.index(table) + 1, None, 0
+        else:
+            start, after, number = labels.index(table), checkpoint.get("after"), checkpoint["n"]
+        for label in labels[start:]:
+            todo = batches(
+                specs, [label], ctx.input["source"], ctx.input["batch_size"],
+                table=label, after=after, index=number,
+            )  # fmt: skip
+            for batch in todo:
+                yield Unit(
+                    key=f"verify:{label}:{batch.index}",
+                    payload={"table": label, "after": batch.after, "upto": batch.upto},
+                    checkpoint={"phase": "verify", "table": label, "after": batch.upto,
+                                "n": batch.index + 1},
+                )  # fmt: skip
+            yield Unit(
+                key=f"verified:{label}",
+                payload={"table": label},
+                checkpoint={"phase": "verify", "table": label, "closed": True},
+            )
+            after, number = None, 0
 
     # --- units ---------------------------------------------------------------------
 
@@ -179,16 +224,37 @@ class CopyDatabase(Operation):
             return {"statements": reset_sequences([specs[label] for label in plan.order], target)}
         if step == "verify":
             faults.reach("dbcopy.before_verify")
-            spec = specs[unit.key.split(":", 1)[1]]
-            ours, theirs = digest_table(spec, source), digest_table(spec, target)
-            if ours != theirs:
-                raise NonRetryable(
-                    f"{spec.label} differs after the copy: source {ours.rows} rows "
-                    f"(digest {ours.hexdigest()[:12]}), target {theirs.rows} rows "
-                    f"(digest {theirs.hexdigest()[:12]}); stop the site's writers and copy again"
-                )
-            return ours.as_dict()
+            return self._verify_batch(specs[unit.payload["table"]], source, target, unit.payload)
+        if step == "verified":
+            return self._verify_table(ctx, specs[unit.payload["table"]], source, target)
         raise NonRetryable(f"unknown copy step {unit.key!r}")
+
+    def _verify_batch(self, spec: TableSpec, source: str, target: str, payload: dict) -> dict:
+        rows = read_rows(spec, source, payload["after"], payload["upto"])
+        position = spec.columns.index(spec.pk.attname)
+        ours = digest_rows(rows)  # encoded already: encoding again changes nothing
+        theirs = digest_keys(spec, target, [row[position] for row in rows])
+        if ours != theirs:
+            raise NonRetryable(
+                f"{spec.label} differs after the copy (rows after {payload['after']!r} up to "
+                f"{payload['upto']!r}): source {ours.rows} rows (digest "
+                f"{ours.hexdigest()[:12]}), target {theirs.rows} rows (digest "
+                f"{theirs.hexdigest()[:12]}); stop the site's writers and copy again"
+            )
+        return ours.as_dict()
+
+    def _verify_table(self, ctx: JobContext, spec: TableSpec, source: str, target: str) -> dict:
+        prefix = f"verify:{spec.label}:"
+        found = UnitResult.objects.filter(job_id=ctx.job_id, key__startswith=prefix)
+        whole = combine(found.values_list("result", flat=True))
+        counts = {"source": count_rows(spec, source), "target": count_rows(spec, target)}
+        if counts != {"source": whole.rows, "target": whole.rows}:
+            raise NonRetryable(
+                f"{spec.label} differs after the copy: the verified batches hold {whole.rows} "
+                f"rows, the source has {counts['source']} and the target {counts['target']} "
+                "now; stop the site's writers and copy again"
+            )
+        return whole.as_dict()
 
     def _prepare(self, ctx: JobContext, specs: dict[str, TableSpec], plan: Plan) -> dict:
         target = ctx.input["target"]

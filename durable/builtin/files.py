@@ -1,22 +1,36 @@
 """``files.move``: move files from one Django storage to another, one file per unit.
 
-A unit copies one file, hashing the bytes as it reads them, checks that the
-source did not change meanwhile (a local source: same size and nanosecond
-mtime after as before; another storage: hashed once more before the copy),
-verifies the copy — size and SHA-256 of the bytes now at the destination,
-and, between two local storages, the modification time — and only then
-deletes the source. Every step is safe to repeat:
+A unit copies one file to a **temporary name of its own** in the destination
+directory — ``.durable-move-<job>-<digest of the name>.part``, so no other job
+and no other file can share it — hashing the bytes as it reads them, checks
+that the source did not change meanwhile (a local source: same size and
+nanosecond mtime after as before; another storage: hashed once more before
+the copy), keeps the modification time between local storages, and verifies
+the copy: size and SHA-256 of the bytes now there, and the modification
+time. Only then is the copy published under its real name, **never over an
+existing file** (a hard link, which fails if the name exists; other storages:
+``save``, which picks another name rather than overwrite), the source
+deleted, and the temporary name removed. Every step is safe to repeat:
 
-- destination absent: copy, verify, delete the source;
-- destination present with the source's exact bytes (a replay after a
-  crash between copy and delete): no copy again, just the delete;
-- destination shorter than the source and equal to its first bytes (a copy
-  cut short by a crash): ours, removed and copied again;
-- destination present with other bytes: somebody else's file. The source is
-  left in place and the unit fails as non-retryable (or, with
-  ``on_conflict: "skip"``, both are kept and the file is counted as skipped);
+- destination absent: copy to the temporary name, verify, publish, delete the
+  source, drop the temporary name;
+- destination present and *ours* — the same file as our temporary name (a
+  crash between publishing and deleting the source): the modification time
+  is applied again and the copy verified again, then the source is deleted;
+  no second copy;
+- destination present, not ours, with the source's bytes and modification
+  time: nothing would be lost, the source is deleted;
+- destination present with anything else (other bytes, a shorter file, an
+  empty file, the same bytes with another modification time): somebody
+  else's file, never touched. The source is left in place and the unit
+  fails as non-retryable (or, with ``on_conflict: "skip"``, both are kept and
+  the file is counted as skipped);
 - source absent, destination present (a crash after the delete): done;
   neither present: the file vanished meanwhile, counted, not an error.
+
+A unit only ever deletes its own temporary name (and, when it finds one left
+by a crash, the file published from it if the source has changed since):
+never a file it did not create, and never another job's copy in progress.
 
 A copy whose bytes do not verify is removed again, the source is left
 untouched, and the unit fails with the reason and both checksums. That
@@ -27,7 +41,8 @@ spent the job fails with that reason, naming the file.
 The checkpoint is the last name done; names are listed in lexicographic
 order, so a resumed job never lists what it already moved, and files that
 arrive during the move are picked up by a second listing if their names sort
-after the checkpoint (others wait for the next move).
+after the checkpoint (others wait for the next move). Temporary names are
+never listed as files to move.
 """
 
 from __future__ import annotations
@@ -36,6 +51,7 @@ import errno
 import hashlib
 import logging
 import os
+import re
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -50,7 +66,7 @@ from django.core.files.utils import validate_file_name
 from .. import faults
 from ..errors import InputRejected, NonRetryable, Unavailable, VerificationFailed
 from ..models import UnitResult
-from ..operations import JobContext, Operation, Unit, register
+from ..operations import Access, JobContext, Operation, Unit, register
 
 log = logging.getLogger("durable.op.files.move")
 
@@ -60,6 +76,7 @@ MAX_KEY_NAME_CHARS = 240
 ON_CONFLICT = ("fail", "skip")
 LISTING_PASSES = 2
 STATICFILES = "staticfiles"  # collectstatic's storage: never moved out from under the site
+TEMPORARY = re.compile(r"(?:^|/)\.durable-move-\d+-[0-9a-f]{16}\.part$")
 
 # --- pure helpers -------------------------------------------------------------------------------
 
@@ -69,6 +86,23 @@ def unit_key(name: str) -> str:
     if len(name) <= MAX_KEY_NAME_CHARS:
         return f"file:{name}"
     return "file-sha256:" + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def temporary_name(name: str, job_id: int) -> str:
+    """Where job ``job_id`` copies ``name`` before publishing it: beside it, its own.
+
+    Tagged with the job and a digest of the name (the unit's identity), so two
+    jobs moving the same name never share it, and short whatever the name's
+    length.
+    """
+    directory, _, _ = name.rpartition("/")
+    digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    base = f".durable-move-{job_id}-{digest}.part"
+    return f"{directory}/{base}" if directory else base
+
+
+def is_temporary(name: str) -> bool:
+    return TEMPORARY.search(name) is not None
 
 
 def clean_name(value: Any, field: str) -> str:
@@ -135,7 +169,7 @@ def _walk(storage: Storage, directory: str, prefix: str, after: str) -> Iterator
             if local and os.path.islink(storage.path(path[:-1])):
                 continue
             yield from _walk(storage, path[:-1], prefix, after)
-        elif path.startswith(prefix) and path > after:
+        elif path.startswith(prefix) and path > after and not is_temporary(path):
             yield path
 
 
@@ -266,6 +300,19 @@ class MoveFiles(Operation):
     backoff_base, backoff_max = 5.0, 600.0
     unit_timeout = 3600.0
     input_form = MoveFilesForm
+    # It deletes the sources and writes into any configured storage.
+    access = Access.PRIVILEGED
+
+    def unique_key(self, data: dict[str, Any]) -> str:
+        """One unfinished move between two storages, whichever way and whatever the names.
+
+        Two moves over the same pair could race for one file (one's copy seen as
+        the other's finished destination), and a move back the other way while
+        the first runs could delete the only copy. Either order of the pair gives
+        the same key.
+        """
+        first, second = sorted((data["source"], data["destination"]))
+        return f"files.move:{first}<->{second}"
 
     def clean_input(self, data: dict[str, Any]) -> dict[str, Any]:
         aliases = {}
@@ -349,7 +396,14 @@ class MoveFiles(Operation):
         name = unit.payload["name"]
         where = f"{ctx.input['source']}:{name}"
         try:
-            return self._move(ctx, src, dst, name)
+            try:
+                return self._move(ctx, src, dst, name)
+            except FileNotFoundError:
+                if src.exists(name):
+                    raise  # something else went missing: retried with backoff
+                # The source went while we read it (another move took it, or its owner
+                # deleted it): decide again — moved by someone, or vanished.
+                return self._move(ctx, src, dst, name)
         except OSError as exc:
             mapped = _access_error(exc, where)
             if mapped is exc:
@@ -357,68 +411,99 @@ class MoveFiles(Operation):
             raise mapped from exc
 
     def _move(self, ctx: JobContext, src: Storage, dst: Storage, name: str) -> dict[str, Any]:
-        destination = ctx.input["destination"]
         result: dict[str, Any] = {"name": name}
+        tmp = temporary_name(name, ctx.job_id)
         if not src.exists(name):
+            _discard(dst, tmp)  # a crash after the delete, before this cleanup
             if dst.exists(name):  # moved before a crash, which lost the checkpoint
                 size, sha = digest(dst, name)
                 return {**result, "outcome": "already_moved", "size": size, "sha256": sha}
             return {**result, "outcome": "vanished"}
-        expected: tuple[int, str] | None = None
         if dst.exists(name):
-            size, sha = expected = digest(src, name)
-            dst_size, dst_sha = digest(dst, name)
-            if (dst_size, dst_sha) == (size, sha):
-                # Copied and verified before a crash that came before the delete:
-                # finish the delete, do not copy again.
-                src.delete(name)
-                return {**result, "outcome": "moved", "copied": False, "size": size, "sha256": sha}
-            if dst_size < size and digest(src, name, limit=dst_size)[1] == dst_sha:
-                ctx.logger.info("removing a copy cut short", extra={"file": name})
-                dst.delete(name)  # our own copy, cut short by a crash
-            elif ctx.input["on_conflict"] == "skip":
-                return {**result, "outcome": "conflict_skipped", "size": size, "sha256": sha,
-                        "destination_sha256": dst_sha}  # fmt: skip
-            else:
-                raise NonRetryable(
-                    f"{destination}:{name} already exists with other content ({dst_size:,} "
-                    f"bytes, sha256 {dst_sha[:16]}…; the source has {size:,} bytes, sha256 "
-                    f"{sha[:16]}…). The source is left in place: remove or rename one of "
-                    "them and retry, or move with on_conflict=skip."
-                )
-        size, sha = self._copy(src, dst, name, expected)
-        self._verify(ctx, src, dst, name, size, sha)
+            found = self._existing(ctx, src, dst, name, tmp)
+            if found is not None:
+                return {**result, **found}
+        _discard(dst, tmp)  # a copy of ours cut short by a crash: ours by its name
+        size, sha = self._copy(src, dst, name, tmp)
+        self._verify(ctx, src, dst, name, tmp, size, sha)
+        if not self._publish(dst, tmp, name, size, sha):
+            # The name was taken while we copied: whoever wrote it, it is not ours.
+            found = self._existing(ctx, src, dst, name, tmp)
+            if found is None:
+                raise VerificationFailed(f"{name}: the source changed while it was published")
+            return {**result, **found}
         faults.reach("files.after_copy")
         src.delete(name)
+        _discard(dst, tmp)
         return {**result, "outcome": "moved", "copied": True, "size": size, "sha256": sha}
 
-    def _copy(
-        self, src: Storage, dst: Storage, name: str, expected: tuple[int, str] | None
-    ) -> tuple[int, str]:
-        """Copy, hashing what is read; returns (size, SHA-256) of the source's bytes.
+    def _existing(
+        self, ctx: JobContext, src: Storage, dst: Storage, name: str, tmp: str
+    ) -> dict[str, Any] | None:
+        """The destination has ``name``: finish our own move, or leave somebody else's file.
+
+        Returns the unit's outcome, or None when the file is ours but stale (the
+        source changed after we published it): then it has been removed and
+        the caller copies afresh.
+        """
+        size, sha = digest(src, name)
+        dst_size, dst_sha = digest(dst, name)
+        same_bytes = (dst_size, dst_sha) == (size, sha)
+        if _published_from(dst, tmp, name):
+            if not same_bytes:
+                ctx.logger.info("our published copy is stale; copying again", extra={"file": name})
+                dst.delete(name)
+                _discard(dst, tmp)
+                return None
+            # Killed between publishing and deleting the source: re-apply the
+            # modification time (it is the source's, a repeat changes nothing) and
+            # check everything again before the source goes.
+            _keep_mtime(src, dst, name, name)
+            self._verify(ctx, src, dst, name, name, size, sha, remove=False)
+            src.delete(name)
+            _discard(dst, tmp)
+            return {"outcome": "moved", "copied": False, "size": size, "sha256": sha}
+        _discard(dst, tmp)  # a copy of ours that never got published: the name was taken
+        if same_bytes and _same_mtime(src, dst, name):
+            # Somebody else's file, yet exactly ours in bytes and time: nothing is lost.
+            src.delete(name)
+            return {"outcome": "moved", "copied": False, "size": size, "sha256": sha}
+        if ctx.input["on_conflict"] == "skip":
+            return {"outcome": "conflict_skipped", "size": size, "sha256": sha,
+                    "destination_sha256": dst_sha}  # fmt: skip
+        what = (
+            "the same bytes with another modification time"
+            if same_bytes
+            else f"other content ({dst_size:,} bytes, sha256 {dst_sha[:16]}…)"
+        )
+        raise NonRetryable(
+            f"{ctx.input['destination']}:{name} already exists with {what}; the source has "
+            f"{size:,} bytes, sha256 {sha[:16]}…. Neither file is touched (the source is left "
+            "in place): remove or rename one of them and retry, or move with on_conflict=skip."
+        )
+
+    def _copy(self, src: Storage, dst: Storage, name: str, tmp: str) -> tuple[int, str]:
+        """Copy to ``tmp``, hashing what is read; returns (size, SHA-256) of the source's bytes.
 
         Those are the bytes written only if the source did not change during
-        the copy: checked against ``expected`` (hashed before), or — for a
-        local source, to save a read — against its size and nanosecond mtime
-        before and after. A remote source without ``expected`` is hashed first.
+        the copy: checked, for a local source, against its size and nanosecond
+        mtime before and after; a remote source is hashed first and compared.
         """
         src_path = _local_path(src, name)
         before = _stamp(src_path) if src_path else None
-        if before is None and expected is None:
-            expected = digest(src, name)
+        expected = digest(src, name) if before is None else None
         with src.open(name, "rb") as handle:
             reader = _HashingReader(handle, expected[0] if expected else before[0])
             try:
-                saved = dst.save(name, File(reader, name=name))
+                saved = dst.save(tmp, File(reader, name=name))
             except BaseException:
-                if dst.exists(name):
-                    dst.delete(name)  # a partial copy of ours: never leave it behind
+                _discard(dst, tmp)  # a partial copy of ours: never leave it behind
                 raise
-        if saved != name:  # the name was taken between our look and the save
+        if saved != tmp:  # our own name taken meanwhile: cannot happen unless tampered with
             dst.delete(saved)
             raise VerificationFailed(
-                f"{name}: the destination stored it as {saved!r} (the name was taken meanwhile); "
-                "removed that copy, will look again"
+                f"{name}: the destination stored the copy as {saved!r}, not {tmp!r}; "
+                "removed that copy, will try again"
             )
         read = (reader.read_bytes, reader.sha.hexdigest())
         if expected is not None:
@@ -426,15 +511,12 @@ class MoveFiles(Operation):
         else:
             unchanged = _stamp(src_path) == before and read[0] == before[0]
         if not unchanged:
-            dst.delete(name)
+            _discard(dst, tmp)
             raise VerificationFailed(
                 f"{name}: the source changed while it was copied ({read[0]:,} bytes read); "
                 "removed the copy, the source is untouched"
             )
-        dst_path = _local_path(dst, name)
-        if src_path and dst_path:  # keep the modification time between local storages
-            info = os.stat(src_path)
-            os.utime(dst_path, ns=(info.st_atime_ns, info.st_mtime_ns))
+        _keep_mtime(src, dst, name, tmp)
         return read
 
     def _verify(
@@ -443,18 +525,21 @@ class MoveFiles(Operation):
         src: Storage,
         dst: Storage,
         name: str,
+        copy: str,
         size: int,
         sha: str,
+        *,
+        remove: bool = True,
     ) -> None:
-        """The copy's bytes (and kept metadata) agree, or it is removed and the unit fails."""
-        got_size, got_sha = digest(dst, name)
+        """The copy's bytes (and kept metadata) agree, or the unit fails (our copy removed)."""
+        got_size, got_sha = digest(dst, copy)
         problems = []
         if (got_size, got_sha) != (size, sha):
             problems.append(
                 f"{got_size:,} bytes with sha256 {got_sha} at the destination, "
                 f"{size:,} bytes with sha256 {sha} at the source"
             )
-        src_path, dst_path = _local_path(src, name), _local_path(dst, name)
+        src_path, dst_path = _local_path(src, name), _local_path(dst, copy)
         if src_path and dst_path:
             src_mtime, dst_mtime = os.stat(src_path).st_mtime, os.stat(dst_path).st_mtime
             if int(src_mtime) != int(dst_mtime):
@@ -463,11 +548,56 @@ class MoveFiles(Operation):
                 )
         if not problems:
             return
-        dst.delete(name)
+        if remove:
+            _discard(dst, copy)
         raise VerificationFailed(
             f"{ctx.input['destination']}:{name} does not match its source: {'; '.join(problems)}. "
-            "The copy was removed; the source is untouched."
+            + (
+                "The copy was removed; the source is untouched."
+                if remove
+                else "The source is untouched."
+            )
         )
+
+    def _publish(self, dst: Storage, tmp: str, name: str, size: int, sha: str) -> bool:
+        """Give the verified copy its real name, never replacing a file; False if it is taken.
+
+        Local: a hard link (``link`` fails if the name exists; the temporary
+        name stays until the source is gone, as proof that the file is ours).
+        A file system without hard links: the name is reserved with
+        ``O_EXCL`` and the copy renamed over the reservation. Another storage:
+        ``save`` under the name, which picks another name rather than
+        overwrite (that copy is removed again and False returned), then the
+        bytes are checked once more.
+        """
+        tmp_path, final_path = _local_path(dst, tmp), _local_path(dst, name)
+        if tmp_path and final_path:
+            try:
+                os.link(tmp_path, final_path)
+                return True
+            except FileExistsError:
+                return False
+            except OSError as exc:
+                if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
+                    raise
+            try:
+                os.close(os.open(final_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            except FileExistsError:
+                return False
+            os.replace(tmp_path, final_path)  # over our own, empty, reservation
+            return True
+        with dst.open(tmp, "rb") as handle:
+            saved = dst.save(name, File(handle, name=name))
+        if saved != name:
+            dst.delete(saved)
+            return False
+        if digest(dst, name) != (size, sha):
+            dst.delete(name)  # ours, just written
+            raise VerificationFailed(
+                f"{name}: the copy published at the destination does not read back as verified; "
+                "removed it, will try again"
+            )
+        return True
 
     def _summarise(self, ctx: JobContext) -> dict[str, Any]:
         outcomes: Counter = Counter()
@@ -490,6 +620,46 @@ class MoveFiles(Operation):
 
 def _local_path(storage: Storage, name: str) -> str | None:
     return storage.path(name) if isinstance(storage, FileSystemStorage) else None
+
+
+def _discard(storage: Storage, tmp: str) -> None:
+    """Remove one of our temporary names, if it is there (never anything else)."""
+    if not is_temporary(tmp):  # a guard against ever deleting a real file by mistake
+        raise ValueError(f"{tmp!r} is not a temporary name of files.move")
+    if storage.exists(tmp):
+        storage.delete(tmp)
+
+
+def _published_from(dst: Storage, tmp: str, name: str) -> bool:
+    """True if ``name`` at the destination is the file we published from ``tmp``.
+
+    Local: the same inode (a hard link of it). Elsewhere: our temporary copy is
+    still there with the same bytes (it is removed only after the source).
+    """
+    tmp_path, final_path = _local_path(dst, tmp), _local_path(dst, name)
+    if tmp_path and final_path:
+        try:
+            one, two = os.stat(tmp_path), os.stat(final_path)
+        except FileNotFoundError:
+            return False
+        return (one.st_dev, one.st_ino) == (two.st_dev, two.st_ino)
+    return dst.exists(tmp) and digest(dst, tmp) == digest(dst, name)
+
+
+def _keep_mtime(src: Storage, dst: Storage, name: str, copy: str) -> None:
+    """Between local storages, give the copy the source's modification time."""
+    src_path, dst_path = _local_path(src, name), _local_path(dst, copy)
+    if src_path and dst_path:
+        info = os.stat(src_path)
+        os.utime(dst_path, ns=(info.st_atime_ns, info.st_mtime_ns))
+
+
+def _same_mtime(src: Storage, dst: Storage, name: str) -> bool:
+    """Whether the kept metadata agrees (only local storages keep it)."""
+    src_path, dst_path = _local_path(src, name), _local_path(dst, name)
+    if not (src_path and dst_path):
+        return True
+    return int(os.stat(src_path).st_mtime) == int(os.stat(dst_path).st_mtime)
 
 
 def _stamp(path: str) -> tuple[int, int]:

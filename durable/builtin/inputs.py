@@ -6,6 +6,7 @@ dashboard can put the message beside the field and the command can print it.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -13,9 +14,10 @@ from django import forms
 from django.conf import settings
 
 from ..errors import InputRejected
-from .tables import PlanError, TableError, parse_exclude, plan_for, site_tables
+from .tables import PlanError, TableError, parse_exclude, plan_for, same_database, site_tables
 
 MAX_BATCH_SIZE = 100_000
+MAX_UNIQUE_KEY = 255
 
 
 def reject_unknown(data: Mapping[str, Any], allowed: Iterable[str]) -> None:
@@ -33,6 +35,29 @@ def database_alias(data: Mapping[str, Any], name: str, default: str | None = "de
         aliases = ", ".join(sorted(settings.DATABASES))
         raise InputRejected(name, f"no database alias {value!r} (configured: {aliases})")
     return value
+
+
+def bounded_key(key: str) -> str:
+    """A unique key as it is, or — too long for the column — its prefix and a digest.
+
+    Never simply cut: two long keys that share their first 255 characters must
+    stay two keys.
+    """
+    if len(key) <= MAX_UNIQUE_KEY:
+        return key
+    digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
+    return f"{key[: MAX_UNIQUE_KEY - len(digest) - 1]}#{digest}"
+
+
+def database_write_key(alias: str) -> str:
+    """The unique key of jobs that write into ``alias``'s tables (restores, copies).
+
+    One such job at a time per database: two writers replacing the same tables
+    would delete each other's rows. Aliases that reach the same database (same
+    engine, name, host and port) share the key.
+    """
+    same = sorted(other for other in settings.DATABASES if same_database(alias, other))
+    return bounded_key(f"database-write:{same[0] if same else alias}")
 
 
 def batch_size(data: Mapping[str, Any], default: int) -> int:

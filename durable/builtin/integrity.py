@@ -6,18 +6,25 @@ walks a Django storage (``STORAGES``) in a stable order, hashing at most
 the previous scan: new, unchanged, modified (its modification time moved) or
 corrupted (its bytes changed, yet its size and modification time did not).
 The checkpoint is the last key of the batch, so a restart continues after it.
+A corrupted file keeps its last good baseline in the inventory, so every
+later scan reports it again until its bytes are back or it is rewritten.
 A final sweep marks the files of the inventory that were not seen as missing.
 Each batch's inventory update, its tallies and its ``corruption-detected``
 event commit in one transaction: a batch repeated after a crash finds its
 files already recorded for this scan and reports nothing twice.
 
-**Database** (``{"target": "database", "database": "default"}``): one unit
-per table. SQLite: ``PRAGMA quick_check(<table>)`` (the table's b-tree and
-its indexes; page accounting across tables needs a whole-file check, which
-is not bounded and not done here). PostgreSQL: with the ``amcheck``
-extension installed, ``verify_heapam`` on the table and ``bt_index_check``
-on each of its b-tree indexes; without it, every row is read in full
-(detoasted), which finds unreadable pages and values.
+**Database** (``{"target": "database", "database": "default"}``).
+PostgreSQL: one unit per range of ``BLOCKS_PER_UNIT`` heap pages of a table
+(``table:<name>:<first block>``) — with the ``amcheck`` extension,
+``verify_heapam`` on those pages; without it, every row on them is read in
+full (detoasted, a TID range scan), which finds unreadable pages and values —
+then one unit per table (``table:<name>``) for ``bt_index_check`` on each of
+its b-tree indexes (amcheck only; an index is checked whole, there is no
+range form). The checkpoint is (table, next block), so a big table is
+scanned in many bounded units. SQLite: one unit per table, ``PRAGMA
+quick_check(<table>)`` (the table's b-tree and its indexes; SQLite has no
+ranged form, and page accounting across tables needs a whole-file check,
+which is not bounded and not done here).
 
 A scan holds its scope (``storage:<alias>:<prefix>`` or
 ``database:<alias>``); a second scan of the same scope waits until the
@@ -36,6 +43,7 @@ from django import forms
 from django.conf import settings
 from django.core.files.storage import FileSystemStorage, Storage, storages
 from django.db import DatabaseError, connections, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from ..errors import InputRejected, NonRetryable, RetryLater, Unavailable
@@ -58,13 +66,14 @@ from .inventory import (
     storable,
     take_batch,
 )
-from .models import IntegrityScope, InventoryEntry
+from .models import Announcement, IntegrityScope, InventoryEntry
 
 DEFAULT_BATCH_FILES = 200
 MAX_BATCH_FILES = 10_000
 MAX_PAYLOAD_BYTES = 48 * 1024
 CHUNK = 1 << 20
 WAIT_FOR_OTHER_SCAN = timedelta(seconds=15)
+BLOCKS_PER_UNIT = 2048  # PostgreSQL heap pages per unit: 16 MiB at the default page size
 LISTED = 50
 FIELDS = ("target", "storage", "prefix", "database", "batch_files")
 
@@ -115,8 +124,13 @@ class IntegrityScan(Operation):
     description = "Check stored files against the last scan, or the database's pages."
     max_attempts = 5
     input_form = ScanForm
+    # Access.ANYONE: it only reads, and reports what it found to Problems → Recovery.
 
     # --- enqueue -------------------------------------------------------------------
+
+    def unique_key(self, data: dict[str, Any]) -> str:
+        """One unfinished scan per scope: asking again returns the scan already under way."""
+        return inputs.bounded_key(f"integrity.scan:{scope_of(data)}")
 
     def clean_input(self, data: dict[str, Any]) -> dict[str, Any]:
         inputs.reject_unknown(data, FIELDS)
@@ -183,12 +197,31 @@ class IntegrityScan(Operation):
         except Exception as exc:
             raise Unavailable(f"storage {ctx.input['storage']!r} cannot be listed: {exc}") from exc
 
+    def _blocks(self, ctx: JobContext, table: str) -> int | None:
+        """A PostgreSQL table's heap pages now (None: checked in one unit, as on SQLite)."""
+        connection = connections[ctx.input["database"]]
+        if connection.vendor != "postgresql" or connection.pg_version < 140000:
+            return None  # TID range scans (bounded reads by page) need PostgreSQL 14
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_relation_size(%s::regclass) / current_setting('block_size')::int",
+                [connection.ops.quote_name(table)],
+            )
+            return int(cursor.fetchone()[0])
+
     def total_units(self, ctx: JobContext) -> int:
         if ctx.input["target"] == "database":
-            return len(self._tables(ctx)) + 2
-        keys = keys_after(self._listdir(ctx), ctx.input["prefix"], None)
-        files = sum(1 for key in keys if storable(key))
-        return -(-files // ctx.input["batch_files"]) + 3
+            ranges = 0
+            for table in self._tables(ctx):
+                blocks = self._blocks(ctx, table)
+                ranges += -(-blocks // BLOCKS_PER_UNIT) if blocks else 0
+            return len(self._tables(ctx)) + ranges + 2
+        # The batches the scan will cut, by the same rule (files *and* bytes per batch).
+        keys = filter(storable, keys_after(self._listdir(ctx), ctx.input["prefix"], None))
+        batches = 0
+        while take_batch(keys, max_files=ctx.input["batch_files"], max_bytes=MAX_PAYLOAD_BYTES):
+            batches += 1
+        return batches + 3
 
     def units(self, ctx: JobContext) -> Iterator[Unit]:
         checkpoint = ctx.checkpoint or {"phase": "begin"}
@@ -198,12 +231,15 @@ class IntegrityScan(Operation):
             phase, checkpoint = "scan", {}
         if phase == "scan":
             if ctx.input["target"] == "database":
-                yield from self._table_units(ctx, checkpoint.get("after"))
+                yield from self._table_units(ctx, checkpoint)
             else:
                 yield from self._file_units(ctx, checkpoint.get("after"), checkpoint.get("n", 0))
                 yield Unit(key="sweep", checkpoint={"phase": "report"})
             phase = "report"
         if phase == "report":
+            # The total was an estimate (files and pages come and go while a scan runs);
+            # now it is known: a completed scan shows N/N.
+            ctx.set_total(ctx.units_done + 1)
             yield Unit(key="report", checkpoint={"phase": "done"})
 
     def _file_units(self, ctx: JobContext, after: str | None, number: int) -> Iterator[Unit]:
@@ -228,14 +264,28 @@ class IntegrityScan(Operation):
             skipped.clear()
             number += 1
 
-    def _table_units(self, ctx: JobContext, after: str | None) -> Iterator[Unit]:
+    def _table_units(self, ctx: JobContext, checkpoint: dict[str, Any]) -> Iterator[Unit]:
+        """Page ranges, then the table's own unit; resumed at (table, block) or after a table."""
+        after, current = checkpoint.get("after"), checkpoint.get("table")
         for table in self._tables(ctx):
-            if after is None or table > after:
+            if after is not None and table <= after:
+                continue
+            if current is not None and table < current:
+                continue
+            blocks = self._blocks(ctx, table) or 0
+            start = checkpoint.get("block", 0) if table == current else 0
+            for first in range(start, blocks, BLOCKS_PER_UNIT):
+                end = min(first + BLOCKS_PER_UNIT, blocks)
                 yield Unit(
-                    key=f"table:{table}",
-                    payload={"table": table},
-                    checkpoint={"phase": "scan", "after": table},
+                    key=f"table:{table}:{first}",
+                    payload={"table": table, "start": first, "end": end},
+                    checkpoint={"phase": "scan", "table": table, "block": end},
                 )
+            yield Unit(
+                key=f"table:{table}",
+                payload={"table": table},
+                checkpoint={"phase": "scan", "after": table},
+            )
 
     # --- units ---------------------------------------------------------------------
 
@@ -246,7 +296,7 @@ class IntegrityScan(Operation):
         if step == "files":
             return self._check_files(ctx, unit)
         if step == "table":
-            return self._check_table(ctx, unit.payload["table"])
+            return self._check_table(ctx, unit.key, unit.payload)
         if step == "sweep":
             return self._sweep(ctx)
         if step == "report":
@@ -329,6 +379,13 @@ class IntegrityScan(Operation):
                     )
                 elif status == OK and entry.mtime == state.mtime:
                     unchanged.append(entry.pk)  # the common case: one UPDATE for all of them
+                elif status == CORRUPTED:
+                    # Keep the last good baseline: the damaged bytes must not become what the
+                    # next scan calls "ok". Reported by every scan until the bytes are back
+                    # (ok again) or the file is rewritten (its mtime moves: modified).
+                    InventoryEntry.objects.filter(pk=entry.pk).update(
+                        status=CORRUPTED, seen_by=ctx.job_id, checked_at=now
+                    )
                 else:
                     InventoryEntry.objects.filter(pk=entry.pk).update(**fields)
             InventoryEntry.objects.bulk_create(created)
@@ -389,34 +446,46 @@ class IntegrityScan(Operation):
                 self._announce_findings(ctx, "sweep", [(key, MISSING) for key in listed])
         return {"missing": count}
 
-    def _check_table(self, ctx: JobContext, table: str) -> dict[str, Any]:
+    def _check_table(self, ctx: JobContext, key: str, payload: dict[str, Any]) -> dict[str, Any]:
         alias = ctx.input["database"]
         connection = connections[alias]
+        table, pages = payload["table"], None
         try:
-            method, problems = (
-                _sqlite_check(connection, table)
-                if connection.vendor == "sqlite"
-                else _postgres_check(connection, table)
-            )
+            if connection.vendor == "sqlite":
+                method, problems = _sqlite_check(connection, table)
+            elif "start" in payload:
+                pages = (payload["start"], payload["end"])
+                method, problems = _postgres_pages(connection, table, *pages)
+            elif self._blocks(ctx, table) is None:
+                method, problems = _postgres_check(connection, table)  # PostgreSQL < 14: whole
+            else:
+                method, problems = _postgres_indexes(connection, table)
         except DatabaseError as exc:
             method, problems = "read", [f"reading the table failed: {exc}"]
         if problems:
+            where = f" (pages {pages[0]}-{pages[1] - 1})" if pages else ""
             with transaction.atomic():
                 row = self._locked_scope(ctx)
+                # A table with problems in several ranges is one corrupted table in the tallies.
+                first = not Announcement.objects.filter(
+                    Q(key=f"table:{table}") | Q(key__startswith=f"table:{table}:"),
+                    job_id=ctx.job_id,
+                ).exists()
                 sent = announce(
                     ctx,
-                    f"table:{table}",
+                    key,
                     "corruption-detected",
                     severity="error",
-                    detail=f"Integrity check ({method}) of table {table} in database {alias!r}: "
-                    + "; ".join(problems[:5]),
+                    detail=f"Integrity check ({method}) of table {table}{where} in database "
+                    f"{alias!r}: " + "; ".join(problems[:5]),
                     db=alias,
                     object_ids=[table],
                 )
-                if sent:
+                if sent and first:
                     row.tallies = {**row.tallies, CORRUPTED: row.tallies.get(CORRUPTED, 0) + 1}
                     row.save(update_fields=["tallies"])
-        return {"table": table, "method": method, "problems": problems[:5]}
+        result = {"table": table, "method": method, "problems": problems[:5]}
+        return {**result, "pages": list(pages)} if pages else result
 
     def _report(self, ctx: JobContext) -> dict[str, Any]:
         with transaction.atomic():
@@ -450,6 +519,53 @@ def _sqlite_check(connection: Any, table: str) -> tuple[str, list[str]]:
     return "PRAGMA quick_check", [] if rows == ["ok"] else rows
 
 
+def _has_amcheck(cursor: Any) -> bool:
+    cursor.execute("SELECT 1 FROM pg_extension WHERE extname = 'amcheck'")
+    return cursor.fetchone() is not None
+
+
+def _postgres_pages(connection: Any, table: str, start: int, end: int) -> tuple[str, list[str]]:
+    """Heap pages ``start`` to ``end - 1`` of a table: amcheck, or every row on them read."""
+    quoted = connection.ops.quote_name(table)
+    with connection.cursor() as cursor:
+        if _has_amcheck(cursor):
+            try:
+                with transaction.atomic(using=connection.alias):
+                    cursor.execute(
+                        "SELECT blkno, offnum, msg FROM verify_heapam(%s::regclass, "
+                        "check_toast => true, startblock => %s, endblock => %s)",
+                        [quoted, start, end - 1],
+                    )
+                    found = cursor.fetchall()
+                return "amcheck", [f"block {b} item {o}: {m}" for b, o, m in found]
+            except DatabaseError as exc:
+                if getattr(exc.__cause__, "sqlstate", None) != "42501":
+                    raise
+                # amcheck is installed but this role may not run it: read instead.
+        # A TID range scan: only these pages are read; every column of every row is detoasted.
+        cursor.execute(
+            f"SELECT count(*), sum(length(t::text)) FROM {quoted} AS t "  # noqa: S608
+            "WHERE ctid >= %s::tid AND ctid < %s::tid",
+            [f"({start},0)", f"({end},0)"],
+        )
+        cursor.fetchone()
+        return "full read", []
+
+
+def _postgres_indexes(connection: Any, table: str) -> tuple[str, list[str]]:
+    """The table's b-tree indexes, each whole (amcheck only; nothing to do without it)."""
+    quoted = connection.ops.quote_name(table)
+    with connection.cursor() as cursor:
+        if not _has_amcheck(cursor):
+            return "full read", []  # its pages were read by the range units
+        try:
+            return "amcheck", _index_problems(connection, cursor, quoted)
+        except DatabaseError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) != "42501":
+                raise
+            return "full read", []  # may not run amcheck: the pages were read instead
+
+
 def _postgres_check(connection: Any, table: str) -> tuple[str, list[str]]:
     quoted = connection.ops.quote_name(table)
     with connection.cursor() as cursor:
@@ -475,6 +591,11 @@ def _amcheck(connection: Any, cursor: Any, quoted: str) -> list[str]:
             [quoted],
         )
         problems += [f"block {b} item {o}: {m}" for b, o, m in cursor.fetchall()]
+    return problems + _index_problems(connection, cursor, quoted)
+
+
+def _index_problems(connection: Any, cursor: Any, quoted: str) -> list[str]:
+    problems = []
     cursor.execute(
         "SELECT i.indexrelid::regclass::text FROM pg_index i "
         "JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam "

@@ -15,8 +15,21 @@ Units, in order:
 4. ``link:<model>:<n>`` — …and filled in by upserting those parts again once
    every row of the cycle exists;
 5. ``sequences`` — move PostgreSQL sequences past the restored ids;
-6. ``finish`` — with ``replace``, compare every table's row count and digest
-   with the manifest's; announce ``restore-backup``.
+6. ``check:<model>:<n>`` (``replace`` only) — the digest of one batch of a
+   restored table (``CHECK_BATCH`` rows in primary-key order), bounded like
+   every other unit;
+7. ``finish`` — with ``replace``, the batches' digests add up per table and
+   must equal the manifest's, and each table must still hold the manifest's
+   row count; announce ``restore-backup``.
+
+A ``replace`` restore that ends cancelled or failed after ``clear`` has left
+the restored tables empty or partly loaded. That is announced as a
+``restore-backup`` event with ``done=False`` and ``deleted_data=True``,
+naming the tables and the command that finishes the job — from the
+``job_state_changed`` signal when it happens, and at every worker start for
+any such job whose announcement a crash lost (``announce_interrupted``).
+Cancelling is not refused between ``clear`` and ``finish``: an operator may
+have to stop a restore that is doing damage; they are told what it left.
 
 Every write is an upsert by primary key, so repeating a unit after a crash
 changes nothing. Without ``replace`` (merge), rows created since the backup
@@ -31,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,24 +53,38 @@ from django import forms
 from django.conf import settings
 from django.db import IntegrityError
 
+from .. import signals
 from ..errors import InputRejected, NonRetryable
-from ..operations import JobContext, Operation, Unit, register
+from ..models import Job, UnitResult
+from ..operations import Access, JobContext, Operation, Unit, register
+from ..states import JobState
 from . import backupdir, inputs
 from .announce import announce
 from .fence import fenced
 from .manifest import MANIFEST, SUMS, is_excluded, reorder, restore_problems
+from .models import Announcement
 from .tables import (
     PlanError,
     TableSpec,
+    batches,
+    combine,
+    count_rows,
     delete_all,
-    digest_table,
+    digest_batch,
     plan_order,
     reset_sequences,
     site_tables,
+    units_for,
     upsert,
 )
 
 FIELDS = ("name", "database", "replace", "exclude")
+CHECK_BATCH = 2000  # rows per check unit
+STOPPED = (JobState.CANCELLED, JobState.FAILED)
+INTERRUPTED_KEY = "restore-interrupted"
+MAX_LISTED = 10
+
+log = logging.getLogger("durable.op.restore.database")
 
 
 def published_backups() -> list[str]:
@@ -101,8 +129,14 @@ class RestoreDatabase(Operation):
     max_attempts = 3
     non_retryable = (backupdir.BackupDamaged,)
     input_form = RestoreForm
+    # It replaces the site's rows.
+    access = Access.PRIVILEGED
 
     # --- enqueue -------------------------------------------------------------------
+
+    def unique_key(self, data: dict[str, Any]) -> str:
+        """One writer per database: restores and copies into it share the key."""
+        return inputs.database_write_key(data["database"])
 
     def clean_input(self, data: dict[str, Any]) -> dict[str, Any]:
         inputs.reject_unknown(data, FIELDS)
@@ -166,14 +200,21 @@ class RestoreDatabase(Operation):
         for label in order:
             if label in deferred:
                 steps += [f"link:{label}:{n}" for n in range(len(tables[label]["parts"]))]
-        return [*steps, "sequences", "finish"]
+        steps.append("sequences")
+        if ctx.input["replace"]:
+            steps.append("check")  # not a unit: it stands for the check batches
+        return [*steps, "finish"]
 
     def total_units(self, ctx: JobContext) -> int | None:
         try:
             manifest = json.loads((self._path(ctx) / MANIFEST).read_bytes())
-            return len(self._steps(ctx, manifest))
+            steps = self._steps(ctx, manifest)
         except (OSError, ValueError, KeyError, TypeError, PlanError):
             return None  # the verify unit will say what is wrong
+        if "check" not in steps:
+            return len(steps)
+        rows = [t["rows"] for t in self._restored(ctx, manifest)]
+        return len(steps) - 1 + sum(units_for(n, CHECK_BATCH) for n in rows)
 
     def units(self, ctx: JobContext) -> Iterator[Unit]:
         checkpoint = ctx.checkpoint or {"next": 0}
@@ -184,10 +225,39 @@ class RestoreDatabase(Operation):
         manifest = self._manifest(ctx, checkpoint["manifest"])
         steps = self._steps(ctx, manifest)
         for index in range(checkpoint["next"], len(steps)):
+            if steps[index] == "check":
+                resume = checkpoint if index == checkpoint["next"] else {}
+                yield from self._check_units(ctx, manifest, checkpoint["manifest"], index, resume)
+                continue
             yield Unit(
                 key=steps[index],
                 checkpoint={"next": index + 1, "manifest": checkpoint["manifest"]},
             )
+
+    def _check_units(
+        self,
+        ctx: JobContext,
+        manifest: dict[str, Any],
+        sha: str,
+        index: int,
+        resume: dict[str, Any],
+    ) -> Iterator[Unit]:
+        """Batches of every restored table, resumed at the (table, last key) of the checkpoint."""
+        order, _ = self._plan(ctx, manifest)
+        site = self._site(ctx)
+        try:
+            for batch in batches(
+                site, order, ctx.input["database"], CHECK_BATCH,
+                table=resume.get("table"), after=resume.get("after"), index=resume.get("n", 0),
+            ):  # fmt: skip
+                yield Unit(
+                    key=f"check:{batch.label}:{batch.index}",
+                    payload={"table": batch.label, "after": batch.after, "upto": batch.upto},
+                    checkpoint={"next": index, "manifest": sha,
+                                "table": batch.label, "after": batch.upto, "n": batch.index + 1},
+                )  # fmt: skip
+        except ValueError as exc:
+            raise NonRetryable(f"the restored tables changed during the restore: {exc}") from None
 
     # --- units ---------------------------------------------------------------------
 
@@ -227,6 +297,11 @@ class RestoreDatabase(Operation):
                 ) from exc
         if step == "sequences":
             return {"statements": reset_sequences([site[label] for label in order], alias)}
+        if step == "check":
+            payload = unit.payload
+            return digest_batch(
+                site[payload["table"]], alias, payload["after"], payload["upto"]
+            ).as_dict()
         if step == "finish":
             return self._finish(ctx, manifest, [site[label] for label in order])
         raise NonRetryable(f"unknown restore step {unit.key!r}")
@@ -269,12 +344,19 @@ class RestoreDatabase(Operation):
         alias, replace = ctx.input["database"], ctx.input["replace"]
         tables = {t["model"]: t for t in self._restored(ctx, manifest)}
         if replace:
+            checked: dict[str, list[Any]] = {spec.label: [] for spec in specs}
+            found_checks = UnitResult.objects.filter(job_id=ctx.job_id, key__startswith="check:")
+            for key, result in found_checks.values_list("key", "result"):
+                checked.setdefault(key.split(":")[1], []).append(result)
             differ = []
             for spec in specs:
-                found = digest_table(spec, alias)
+                found = combine(checked[spec.label])
                 table = tables[spec.label]
-                if (found.rows, found.hexdigest()) != (table["rows"], table["digest"]):
-                    differ.append(f"{spec.label} ({found.rows} rows, backup {table['rows']})")
+                now = count_rows(spec, alias)  # and nothing was written since the checks
+                if (found.rows, found.hexdigest(), now) != (
+                    table["rows"], table["digest"], table["rows"],
+                ):  # fmt: skip
+                    differ.append(f"{spec.label} ({now} rows, backup {table['rows']})")
             if differ:
                 announce(
                     ctx,
@@ -303,3 +385,103 @@ class RestoreDatabase(Operation):
             object_ids=[ctx.input["name"]],
         )
         return {"tables": len(tables), "rows": rows, "verified": replace}
+
+
+# --- a replace that stopped after clearing ------------------------------------------------------
+
+
+def _left_behind(job: Job) -> tuple[list[str], list[str]]:
+    """(tables emptied and not restored completely, tables restored) at the job's checkpoint."""
+    op = RestoreDatabase()
+    ctx = JobContext(job_id=job.pk, operation=job.operation, input=job.input,
+                     checkpoint=job.checkpoint, attempt=job.attempts, worker_id="",
+                     lease_epoch=0)  # fmt: skip
+    manifest = op._manifest(ctx, (job.checkpoint or {}).get("manifest"))
+    steps = op._steps(ctx, manifest)
+    done = steps[: (job.checkpoint or {}).get("next", 0)]
+    order, deferred = op._plan(ctx, manifest)
+    tables = {t["model"]: t for t in op._restored(ctx, manifest)}
+    complete = []
+    for label in order:
+        needed = [f"load:{label}:{n}" for n in range(len(tables[label]["parts"]))]
+        if label in deferred:
+            needed += [f"link:{label}:{n}" for n in range(len(tables[label]["parts"]))]
+        if all(step in done for step in needed):
+            complete.append(label)
+    return [label for label in order if label not in complete], complete
+
+
+def announce_interrupted(job_id: int) -> bool:
+    """If job ``job_id`` is a replace restore that stopped after ``clear``, say what it left.
+
+    One ``restore-backup`` event (``done=False``, ``deleted_data=True``) per
+    stop: keyed by the job's event sequence, so a restore retried and stopped
+    again is reported again, and a call repeated for the same stop is silent.
+    True if it announced now.
+    """
+    job = Job.objects.filter(pk=job_id, operation=RestoreDatabase.name).first()
+    if job is None or job.state not in STOPPED or not job.input.get("replace"):
+        return False
+    results = set(
+        UnitResult.objects.filter(job_id=job_id, key__in=["clear", "finish"]).values_list(
+            "key", flat=True
+        )
+    )
+    if "clear" not in results or "finish" in results:
+        return False  # nothing deleted yet, or everything restored
+    if Announcement.objects.filter(job_id=job_id, key="restore-differs").exists():
+        return False  # ``finish`` already reported which tables differ
+    name, alias = job.input["name"], job.input["database"]
+    try:
+        empty, restored = _left_behind(job)
+        listed = ", ".join(empty[:MAX_LISTED]) + (
+            f" and {len(empty) - MAX_LISTED} more" if len(empty) > MAX_LISTED else ""
+        )
+        what = f"{len(empty)} table(s) are empty or partly restored: {listed}" + (
+            f" ({len(restored)} restored completely)" if restored else ""
+        )
+    except (OSError, ValueError, KeyError, TypeError, NonRetryable, PlanError):
+        what = "the restored tables are empty or partly restored (the backup is unreadable now)"
+    command = f"python manage.py restore_database {name} --replace --database {alias}"
+    excluded = [label for label in job.input.get("exclude", []) if label]
+    if excluded:
+        command += "".join(f" --exclude {label}" for label in excluded)
+    ctx = JobContext(job_id=job.pk, operation=job.operation, input=job.input,
+                     checkpoint=job.checkpoint, attempt=job.attempts, worker_id="",
+                     lease_epoch=0)  # fmt: skip
+    return announce(
+        ctx,
+        f"{INTERRUPTED_KEY}:{job.event_seq}",
+        "restore-backup",
+        severity="error",
+        done=False,
+        deleted_data=True,
+        detail=f"The restore of backup {name!r} into database {alias!r} (job {job.pk}) "
+        f"{'was cancelled' if job.state == JobState.CANCELLED else 'failed'} after it "
+        f"deleted the current rows: {what}. The data is in the "
+        f"backup: restore it again ({command}, or retry job {job.pk}) to finish.",
+        db=alias,
+        object_ids=[name],
+    )
+
+
+def on_job_state_changed(
+    sender: object, *, job_id: int, operation: str = "", new_state: str = "", **kwargs: object
+) -> None:
+    if operation == RestoreDatabase.name and new_state in STOPPED:
+        announce_interrupted(job_id)
+
+
+def on_worker_started(sender: object, **kwargs: object) -> None:
+    """Catch up on stops whose announcement a crash lost (the signal is sent after commit)."""
+    stopped = Job.objects.filter(operation=RestoreDatabase.name, state__in=STOPPED)
+    cleared = UnitResult.objects.filter(key="clear").values("job_id")
+    for job_id in stopped.filter(pk__in=cleared).values_list("pk", flat=True):
+        try:
+            announce_interrupted(job_id)
+        except Exception:
+            log.exception("could not announce an interrupted restore", extra={"job": job_id})
+
+
+signals.job_state_changed.connect(on_job_state_changed, dispatch_uid="durable.restore.stopped")
+signals.worker_started.connect(on_worker_started, dispatch_uid="durable.restore.catch_up")

@@ -107,18 +107,45 @@ def register_trigger(
 def enqueue_occurrence(due: Due) -> Job:
     """The default trigger: the schedule's operation and input, one job per occurrence.
 
-    Without ``overlap`` the job carries the unique key ``schedule:<id>``, so
-    while the previous occurrence's job is unfinished (slow, paused, waiting
-    out a retry) a new occurrence gets that job back instead of a second one.
+    Without ``overlap``, while the previous occurrence's job is unfinished
+    (slow, paused, waiting out a retry) a new occurrence gets that job back
+    instead of a second one: the job carries the unique key ``schedule:<id>``.
+
+    An operation with a unique key of its own (one restore per database, one
+    move per pair of storages) keeps it, overlap or not: a schedule must never
+    start a second writer next to a job started by hand. Its jobs then carry
+    the operation's key, and "no overlap" is kept by looking up the previous
+    occurrences' job here, under the schedule's row lock that this tick holds.
     """
+    own_key = _operation_key(due)
+    if own_key is None:
+        return enqueue(
+            due.operation,
+            due.input,
+            owner=due.owner,
+            queue=due.queue or None,
+            priority=due.priority,
+            unique_key=None if due.overlap else f"schedule:{due.schedule_id}",
+        )
+    if not due.overlap and (previous := _unfinished_job_of(due.schedule_id)) is not None:
+        previous.created = False
+        return previous
     return enqueue(
-        due.operation,
-        due.input,
-        owner=due.owner,
-        queue=due.queue or None,
-        priority=due.priority,
-        unique_key=None if due.overlap else f"schedule:{due.schedule_id}",
+        due.operation, due.input, owner=due.owner, queue=due.queue or None, priority=due.priority
     )
+
+
+def _operation_key(due: Due) -> str | None:
+    """The operation's own unique key for this input, cleaned as ``enqueue`` will clean it."""
+    op = get_operation(due.operation)
+    limit = max_input_bytes()
+    data = op.clean_input(clean_input(due.input, max_bytes=limit))
+    return op.unique_key(clean_input(data, max_bytes=limit))
+
+
+def _unfinished_job_of(schedule_id: int) -> Job | None:
+    jobs = Occurrence.objects.filter(schedule_id=schedule_id, job_id__isnull=False)
+    return Job.objects.unfinished().filter(pk__in=jobs.values("job_id")).order_by("-pk").first()
 
 
 # --- validation ---------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ CSV columns are the JSONL field names (``type`` required; ``severity``,
 ``object_titles``), in any order and case; WeKan's camelCase spellings
 (``userId``, ``deletedData``, ``boardIds``, ``boardTitles``) work too. A list
 column holds a JSON array (``["b1","b2"]``) or a single value. Other columns
-are ignored (and reported). ``export_row`` / ``export_line`` write exactly
+are ignored. No error message ever quotes the file's bytes (a header that
+is not one is described by its column count). ``export_row`` / ``export_line`` write exactly
 this, so an export of ours imports into another instance unchanged.
 """
 
@@ -149,6 +150,37 @@ def read_records(
     return records, position
 
 
+def count_batches(
+    handle: IO[bytes],
+    start: int,
+    *,
+    quoted: bool,
+    limit: int,
+    max_records: int,
+    max_bytes: int,
+    skip_first: bool = False,
+) -> int:
+    """How many batches ``read_records`` will cut from ``start`` on: the progress bar's total.
+
+    The same reads, the same limits, so the count is exact for an unchanged
+    file; ``skip_first`` leaves out a CSV's header record.
+    """
+    handle.seek(start)
+    position = start
+    if skip_first:
+        _, consumed = read_record(handle, quoted=quoted, limit=limit)
+        position += consumed
+    batches = 0
+    while True:
+        records, position = read_records(
+            handle, position, quoted=quoted, limit=limit,
+            max_records=max_records, max_bytes=max_bytes,
+        )  # fmt: skip
+        if not records:
+            return batches
+        batches += 1
+
+
 # --- CSV ----------------------------------------------------------------------------------------
 
 
@@ -166,6 +198,7 @@ def parse_header(raw: bytes | TooLong) -> tuple[list[str], list[str]]:
         text = raw.decode("utf-8")
         (cells,) = list(csv.reader([text], strict=True)) or [[]]
     except (UnicodeDecodeError, csv.Error, ValueError):
+        # Never the bytes themselves: see describe_header.
         raise ValueError(
             "the first row is not a readable CSV header (UTF-8, comma-separated)"
         ) from None
@@ -180,9 +213,20 @@ def parse_header(raw: bytes | TooLong) -> tuple[list[str], list[str]]:
             ignored.append(cell.strip()[:64])
         columns.append(name)
     if "type" not in seen:
-        found = ", ".join(cell.strip()[:40] for cell in cells[:20]) or "nothing"
-        raise ValueError(f"the CSV header has no 'type' column (found: {found})")
+        raise ValueError(f"the CSV header has no 'type' column ({describe_header(columns)})")
     return columns, ignored
+
+
+def describe_header(columns: list[str]) -> str:
+    """What a header row held, without a byte of it: a count and the field names we know.
+
+    The first line of a file that is not an export at all may be anything — an
+    ``app.env`` full of passwords — and this text becomes a job's reason, seen
+    on the dashboard and through the API. Only our own vocabulary is named.
+    """
+    known = [name for name in columns if name]
+    count = f"{len(columns)} column{'' if len(columns) == 1 else 's'}"
+    return f"{count}; recognised: {', '.join(known)}" if known else f"{count}, none recognised"
 
 
 def _list_cell(cell: str) -> Any:

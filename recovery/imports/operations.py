@@ -19,15 +19,22 @@ Units, in order:
 3. ``summary`` — the record is marked completed; one ``recovery-events-import``
    event reports what was imported and skipped.
 
-The file must not change while it is imported: each unit compares its
-device, inode, size and modification time with the first unit's.
+The file must not change while it is imported: every claim, and every
+``records`` unit before and after it reads, compares the open file's device,
+inode, size and modification time with the first unit's, so a file replaced
+under the same path is never imported under the old file's SHA-256.
+
+Where files are read: only inside ``RECOVERY_IMPORT_DIRS`` (default
+``var/imports``), checked at enqueue and again, links resolved, by the worker
+that opens the file. No message quotes the file's content.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
-import math
 import os
+import stat
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -38,12 +45,20 @@ from django.utils import timezone
 
 from durable.errors import InputRejected, NonRetryable, Unavailable
 from durable.models import Job
-from durable.operations import JobContext, Operation, Unit, register
+from durable.operations import Access, JobContext, Operation, Unit, register
 
 from ..models import RecoveryEvent
 from ..parsing import SKIP_LABELS
 from ..records import insert_lines
-from .formats import Batch, parse_header, parse_records, read_record, read_records, record_limit
+from .formats import (
+    Batch,
+    count_batches,
+    parse_header,
+    parse_records,
+    read_record,
+    read_records,
+    record_limit,
+)
 from .formats import skip_labels as with_csv_labels
 from .models import ImportRecord, ImportState
 
@@ -69,12 +84,42 @@ def _identity(info: os.stat_result) -> dict[str, Any]:
 
 
 def allowed(path: str, directories: list[str]) -> bool:
-    """``path`` (resolved) lies inside one of ``directories``; any path when none are set."""
-    if not directories:
-        return True
+    """``path``, symbolic links resolved, lies inside one of ``directories`` (resolved too).
+
+    No directories means no path: there is no "read anything" mode.
+    """
     real = os.path.realpath(path)
     return any(
         real.startswith(os.path.realpath(directory).rstrip("/") + "/") for directory in directories
+    )
+
+
+def default_import_dir() -> str:
+    var = getattr(settings, "VAR_DIR", None) or os.path.join(settings.BASE_DIR, "var")
+    return os.path.join(str(var), "imports")
+
+
+def import_dirs() -> list[str]:
+    """The directories imports may read: ``RECOVERY_IMPORT_DIRS``, else ``var/imports``.
+
+    Why a fixed place: whoever may start an import names a path the *worker*
+    opens, and what it reads ends up in Recovery events. Left open, that is a
+    way to read any file the worker can (``/proc/self/environ``, ``.env``).
+    The default directory is created when first needed (mode 0750); the
+    configured ones are the operator's and are never created.
+    """
+    default = default_import_dir()
+    configured = [str(d) for d in getattr(settings, "RECOVERY_IMPORT_DIRS", None) or [] if d]
+    directories = configured or [default]
+    if any(os.path.abspath(d) == os.path.abspath(default) for d in directories):
+        os.makedirs(default, mode=0o750, exist_ok=True)
+    return directories
+
+
+def outside_message(directories: list[str]) -> str:
+    return (
+        f"imports are only read from {', '.join(directories)} (RECOVERY_IMPORT_DIRS); "
+        "put the export there"
     )
 
 
@@ -94,6 +139,16 @@ class ImportEvents(Operation):
     """The shared machinery; subclasses say which format."""
 
     format = ""
+    # It reads a server path (inside RECOVERY_IMPORT_DIRS): not for everyone who may start jobs.
+    access = Access.PRIVILEGED
+
+    def unique_key(self, data: dict[str, Any]) -> str:
+        """One unfinished import per path (either format): ``--wait`` again follows it."""
+        key = f"import:{data['path']}"
+        if len(key) <= 255:
+            return key
+        return f"import:sha256:{hashlib.sha256(key.encode('utf-8', 'surrogateescape')).hexdigest()}"
+
     atomic_units = True  # its only side effects are rows in this database
     max_attempts = 5
     backoff_base, backoff_max = 2.0, 120.0
@@ -111,12 +166,9 @@ class ImportEvents(Operation):
         if len(path) > MAX_PATH_CHARS or "\x00" in path:
             raise InputRejected("path", f"must be at most {MAX_PATH_CHARS} characters, no NUL")
         path = os.path.abspath(os.path.expanduser(path.strip()))
-        directories = list(getattr(settings, "RECOVERY_IMPORT_DIRS", []) or [])
+        directories = import_dirs()
         if not allowed(path, directories):
-            raise InputRejected(
-                "path",
-                f"imports are only read from {', '.join(directories)} (RECOVERY_IMPORT_DIRS)",
-            )
+            raise InputRejected("path", outside_message(directories))
         batch = data.get("batch_records", DEFAULT_BATCH_RECORDS)
         if (
             isinstance(batch, bool)
@@ -129,33 +181,63 @@ class ImportEvents(Operation):
     # --- reading: outside the transaction --------------------------------------------------
 
     def _open(self, ctx: JobContext) -> IO[bytes]:
+        """Open the export, checked again here: the worker's settings and links are what count.
+
+        Between the enqueue and now a link inside an import directory may have
+        been pointed elsewhere, or the worker may have other settings: the
+        resolved path is checked once more and opened without following a
+        link in its last component.
+        """
         path = ctx.input["path"]
+        directories = import_dirs()
+        real = os.path.realpath(path)
+        if not allowed(real, directories):
+            raise NonRetryable(f"{path}: {outside_message(directories)}")
         try:
-            handle = open(path, "rb")  # noqa: SIM115 - closed by units()
+            # O_NONBLOCK: a FIFO must not hang the worker until it is refused below.
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+            fd = os.open(real, flags)
         except FileNotFoundError:
             raise Unavailable(f"{path} does not exist: put the export there, then resume") from None
         except PermissionError:
             raise Unavailable(
                 f"cannot read {path}: permission denied; give the worker's user read access"
             ) from None
-        except IsADirectoryError:
-            raise NonRetryable(f"{path} is a directory, not an export file") from None
-        if not os.path.isfile(path):
-            handle.close()
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # the link was swapped in after the check above
+                raise NonRetryable(f"{path}: {outside_message(directories)}") from None
+            raise
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            if stat.S_ISDIR(mode):
+                raise NonRetryable(f"{path} is a directory, not an export file")
             raise NonRetryable(f"{path} is not a regular file")
-        return handle
+        return os.fdopen(fd, "rb")
 
-    def _scan(self, handle: IO[bytes]) -> tuple[str, int]:
-        """(SHA-256, lines) of the whole file: its identity, and the progress bar's estimate."""
+    def _scan(self, ctx: JobContext, handle: IO[bytes]) -> tuple[str, int]:
+        """(SHA-256, batches) of the whole file: its identity, and the progress bar's total.
+
+        The batches are counted by the very reads the import will make (a CSV's
+        header, quoted newlines, the last line without its newline, the byte
+        limit of a batch), so a completed import shows N/N.
+        """
         sha = hashlib.sha256()
-        lines = 0
         handle.seek(0)
         while chunk := handle.read(HASH_CHUNK):
             sha.update(chunk)
-            lines += chunk.count(b"\n")
-        return sha.hexdigest(), lines
+        batches = count_batches(
+            handle,
+            0,
+            quoted=self.csv,
+            limit=record_limit(self.csv),
+            max_records=ctx.input["batch_records"],
+            max_bytes=BATCH_BYTES,
+            skip_first=self.csv,
+        )
+        return sha.hexdigest(), batches
 
-    def _data_start(self, handle: IO[bytes]) -> tuple[int, list[str] | None, list[str]]:
+    def _data_start(self, handle: IO[bytes], path: str) -> tuple[int, list[str] | None, list[str]]:
         """Where records start, and the CSV columns (None for JSONL)."""
         if not self.csv:
             return 0, None, []
@@ -166,8 +248,27 @@ class ImportEvents(Operation):
         try:
             columns, ignored = parse_header(raw)
         except ValueError as exc:
-            raise NonRetryable(f"{ctx_path(handle)}: {exc}") from None
+            raise NonRetryable(f"{path}: {exc}") from None
         return consumed, columns, ignored
+
+    def _done_elsewhere(self, ctx: JobContext, sha: str) -> bool:
+        record = ImportRecord.objects.filter(sha256=sha).exclude(job_id=ctx.job_id).first()
+        if record is None:
+            return False
+        if record.state == ImportState.COMPLETED:
+            return True
+        other = Job.objects.filter(pk=record.job_id).only("state").first()
+        return other is not None and not other.is_finished
+
+    def _same_file(self, ctx: JobContext, handle: IO[bytes], checkpoint: dict[str, Any]) -> None:
+        """The open file is the one the import started with (device, inode, size, mtime)."""
+        identity = _identity(os.fstat(handle.fileno()))
+        if {k: checkpoint.get(k) for k in identity} != identity:
+            raise NonRetryable(
+                f"{ctx.input['path']} changed since this import started (it was "
+                f"{checkpoint['size']:,} bytes, sha256 {checkpoint['sha256'][:16]}…); "
+                "the events read so far stay; import the new file as a new job"
+            )
 
     def units(self, ctx: JobContext) -> Iterator[Unit]:
         handle = self._open(ctx)
@@ -180,29 +281,27 @@ class ImportEvents(Operation):
         checkpoint = ctx.checkpoint or {}
         identity = _identity(os.fstat(handle.fileno()))
         if not checkpoint:
-            sha, lines = self._scan(handle)
+            sha, batches = self._scan(ctx, handle)
             if _identity(os.fstat(handle.fileno())) != identity:
                 raise NonRetryable(f"{ctx.input['path']} changed while it was read; try again")
-            ctx.set_total(math.ceil(lines / ctx.input["batch_records"]) + 2)
+            # The source, the batches, the summary — or the source alone, if this file is
+            # imported already or being imported by another job (the source unit decides).
+            ctx.set_total(1 if self._done_elsewhere(ctx, sha) else batches + 2)
             checkpoint = {"sha256": sha, **identity, "offset": None}
             yield Unit(
                 key="source",
                 payload={"sha256": sha, "size": identity["size"]},
                 checkpoint=checkpoint,
             )
-        elif {k: checkpoint.get(k) for k in identity} != identity:
-            raise NonRetryable(
-                f"{ctx.input['path']} changed since this import started (it was "
-                f"{checkpoint['size']:,} bytes, sha256 {checkpoint['sha256'][:16]}…); "
-                "the events read so far stay; import the new file as a new job"
-            )
+        else:
+            self._same_file(ctx, handle, checkpoint)
         record = ImportRecord.objects.filter(sha256=checkpoint["sha256"]).first()
         if record is None or record.job_id != ctx.job_id:
             return  # imported, or being imported, by another job: the source unit said so
         if checkpoint.get("done"):
             yield Unit(key="summary", payload={}, checkpoint=checkpoint)
             return
-        start, _, _ = self._data_start(handle)
+        start, _, _ = self._data_start(handle, ctx.input["path"])
         offset = checkpoint["offset"] if checkpoint["offset"] is not None else start
         limit = record_limit(self.csv)
         while True:
@@ -234,7 +333,7 @@ class ImportEvents(Operation):
         sha = unit.checkpoint["sha256"]
         if unit.key == "summary":
             return self._summarise(ctx, sha)
-        return self._import(ctx, sha, unit.payload["start"], unit.payload["end"])
+        return self._import(ctx, unit.checkpoint, unit.payload["start"], unit.payload["end"])
 
     def _register(self, ctx: JobContext, sha: str, size: int) -> dict[str, Any]:
         ImportRecord.objects.bulk_create(
@@ -282,9 +381,16 @@ class ImportEvents(Operation):
         ctx.event("taken_over", f"continuing the import left unfinished by job {previous}")
         return {**result, "status": "taken_over", "from_job": previous}
 
-    def _import(self, ctx: JobContext, sha: str, start: int, end: int) -> dict[str, Any]:
-        with open(ctx.input["path"], "rb") as handle:
-            _, columns, _ = self._data_start(handle)
+    def _import(
+        self, ctx: JobContext, checkpoint: dict[str, Any], start: int, end: int
+    ) -> dict[str, Any]:
+        sha = checkpoint["sha256"]
+        with self._open(ctx) as handle:
+            # The file whose SHA-256 the source unit took, or the unit stops here: a
+            # file replaced since (same path, other inode) or written to (size, mtime)
+            # must not be imported under the old file's identity.
+            self._same_file(ctx, handle, checkpoint)
+            _, columns, _ = self._data_start(handle, ctx.input["path"])
             records, reached = read_records(
                 handle,
                 start,
@@ -294,6 +400,7 @@ class ImportEvents(Operation):
                 max_bytes=0,
                 end=end,
             )
+            self._same_file(ctx, handle, checkpoint)  # and nobody wrote it while we read
         if reached != end:
             raise NonRetryable(f"{ctx.input['path']} changed while it was imported")
         batch: Batch = parse_records(records, columns=columns)
@@ -358,10 +465,6 @@ class ImportEvents(Operation):
         }
         ctx.event("imported", detail, **summary)
         return {"summary": summary, "record": record.pk}
-
-
-def ctx_path(handle: IO[bytes]) -> str:
-    return str(getattr(handle, "name", "the file"))
 
 
 @register

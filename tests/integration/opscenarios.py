@@ -17,7 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
 from durable import jobs, rescue
@@ -93,12 +93,21 @@ def new_rows_get_fresh_ids(alias: str) -> bool:
     return created.pk > highest
 
 
+def rescue_restarts_announce_nothing_new(job: Job) -> None:
+    from durable.builtin.restore import on_worker_started
+
+    before = events(job)
+    on_worker_started(sender="test")
+    assert events(job) == before
+
+
 def events(job: Job) -> Counter:
     return Counter(RecordedEvent.objects.filter(job_id=job.pk).values_list("type", "done"))
 
 
 class Scenario:
     operation = ""
+    name = ""  # the test id, when one operation has two scenarios
     databases: tuple[str, ...] = ("default",)
     # Crash points after a side effect: the 3rd unit for every operation, plus
     # the operation's own delicate moment.
@@ -108,14 +117,17 @@ class Scenario:
         raise NotImplementedError
 
     def __repr__(self) -> str:
-        return self.operation
+        return self.name or self.operation
 
 
 class BackupScenario(Scenario):
     operation = "backup.database"
     # Between the rename that publishes the backup and the backup-created event;
-    # right after that event was sent (the unit not yet checkpointed).
-    crash_points = ("after_unit:3", "backup.after_publish:1", "announced:1")
+    # with that event written but its transaction not committed; right after the
+    # commit (the unit not yet checkpointed).
+    crash_points = (
+        "after_unit:3", "backup.after_publish:1", "announce.before_commit:1", "announced:1",
+    )  # fmt: skip
 
     def cases(self, env: Env, count: int = 1) -> list[Case]:
         make_dataset()
@@ -147,8 +159,9 @@ class BackupScenario(Scenario):
 class RestoreScenario(Scenario):
     operation = "restore.database"
     databases = ("default", "other")
-    # Right after the unit that deletes the current rows; after restore-backup was sent.
-    crash_points = ("after_unit:3", "after_unit:2", "announced:1")
+    # Right after the unit that deletes the current rows; before and after the
+    # transaction that records restore-backup commits.
+    crash_points = ("after_unit:3", "after_unit:2", "announce.before_commit:1", "announced:1")
 
     def cases(self, env: Env, count: int = 1) -> list[Case]:
         make_dataset()
@@ -172,7 +185,18 @@ class RestoreScenario(Scenario):
             assert new_rows_get_fresh_ids(alias)
 
         def check_cancelled(job: Job) -> None:
-            assert not events(job)
+            # Cancelled after its "clear" unit: the tables are empty, and Problems →
+            # Recovery says so, once, with what to run to finish.
+            assert job.units_done >= 2  # verify, clear
+            assert events(job) == {("restore-backup", False): 1}
+            event = RecordedEvent.objects.get(job_id=job.pk)
+            assert (event.severity, event.deleted_data, event.db) == ("error", True, alias)
+            assert f"into database {alias!r} (job {job.pk}) was cancelled" in event.detail
+            assert "after it deleted the current rows" in event.detail
+            assert f"restore_database base --replace --database {alias}" in event.detail
+            assert "opsapp.sample" in event.detail  # an emptied table, by name
+            # A worker starting later (the catch-up for a lost announcement) adds nothing.
+            rescue_restarts_announce_nothing_new(job)
 
         return Case(
             {"name": "base", "database": alias, "replace": True, "exclude": TEST_EXCLUDE},
@@ -192,15 +216,32 @@ class CopyScenario(Scenario):
         return [self._case(target) for target in ["other", "lite"][:count]]
 
     def _case(self, target: str) -> Case:
+        def check_cancelled(job: Job) -> None:
+            # Stopped after emptying the target and copying a batch: what is there is
+            # right, row for row; nothing was verified, so nothing claims it is complete.
+            assert job.units_done >= 2
+            assert not job.unit_results.filter(key__startswith="verified:").exists()
+            source, partial = contents("default"), contents(target)
+            for label, rows in partial.items():
+                assert all(row in source[label] for row in rows), label
+            assert partial != source
+            # The target is not stuck: the next copy (replace) makes it whole.
+            again = drain(jobs.enqueue(self.operation, job.input).pk, timeout=120)
+            assert again.state == "completed", again.reason
+            assert contents(target) == source
+
         def check(job: Job) -> None:
             assert job.state == "completed", job.reason
             assert contents(target) == contents("default")
-            verified = job.unit_results.filter(key__startswith="verify:").count()
+            verified = job.unit_results.filter(key__startswith="verified:").count()
             assert verified == len(contents("default"))
+            assert job.unit_results.filter(key__startswith="verify:").count() > verified
             assert new_rows_get_fresh_ids(target)
 
         return Case(
-            {"target": target, "replace": True, "batch_size": 5, "exclude": TEST_EXCLUDE}, check
+            {"target": target, "replace": True, "batch_size": 5, "exclude": TEST_EXCLUDE},
+            check,
+            check_cancelled,
         )
 
 
@@ -244,8 +285,8 @@ def corrupt_in_place(path: Path, offset: int = 7) -> None:
 class ScanScenario(Scenario):
     operation = "integrity.scan"
     # 13 files in 5 batches: begin(1), 5 batches (2-6), sweep (7), report (8); and
-    # right after the batch's transaction sent its corruption-detected event.
-    crash_points = ("after_unit:3", "after_unit:7", "announced:1")
+    # inside the batch's transaction, right after it wrote its corruption-detected event.
+    crash_points = ("after_unit:3", "after_unit:7", "announce.before_commit:1", "announced:1")
 
     def cases(self, env: Env, count: int = 1) -> list[Case]:
         prefixes = ["p0", "p1", "p2"][:count]
@@ -296,4 +337,50 @@ class ScanScenario(Scenario):
         return Case({"storage": "scan", "prefix": prefix, "batch_files": 3}, check, check_cancelled)
 
 
-SCENARIOS = [BackupScenario(), RestoreScenario(), CopyScenario(), ScanScenario()]
+class DatabaseScanScenario(Scenario):
+    """integrity.scan of a database: every table checked, one report, the scope released."""
+
+    operation = "integrity.scan"
+    name = "integrity.scan-database"
+    databases = ("default", "other")
+    # A unit of the table checks; inside and right after the report's transaction.
+    crash_points = ("after_unit:3", "announce.before_commit:1", "announced:1")
+
+    def cases(self, env: Env, count: int = 1) -> list[Case]:
+        make_dataset()
+        return [self._case(alias) for alias in ["default", "other"][:count]]
+
+    def _case(self, alias: str) -> Case:
+        scope = f"database:{alias}"
+
+        def check(job: Job) -> None:
+            assert job.state == "completed", job.reason
+            assert events(job) == {("integrity-ok", True): 1}
+            tables = set(connections[alias].introspection.table_names())
+            checked = {
+                key.split(":", 1)[1]
+                for key in job.unit_results.filter(key__startswith="table:").values_list(
+                    "key", flat=True
+                )
+                if key.count(":") == 1
+            }
+            assert checked == tables  # every table, once
+            results = job.unit_results.filter(key__startswith="table:")
+            assert all(r["problems"] == [] for r in results.values_list("result", flat=True))
+            row = IntegrityScope.objects.get(scope=scope)
+            assert (row.job_id, row.tallies["corrupted"]) == (job.pk, 0)
+            assert row.finished_at is not None
+
+        def check_cancelled(job: Job) -> None:
+            assert not events(job)  # no report for a scan that did not finish
+            # The scope is free again: the next scan starts at once and completes.
+            again = drain(jobs.enqueue(self.operation, job.input).pk, timeout=120)
+            assert again.state == "completed", again.reason
+            assert (again.attempts, events(again)) == (0, {("integrity-ok", True): 1})
+
+        return Case({"target": "database", "database": alias}, check, check_cancelled)
+
+
+SCENARIOS = [
+    BackupScenario(), RestoreScenario(), CopyScenario(), ScanScenario(), DatabaseScanScenario(),
+]  # fmt: skip

@@ -1,8 +1,9 @@
 """Backups and restores beyond the shared scenarios: damaged backups, merge mode, commands.
 
-Most tests run the job in the test's own transaction (recovery events, sent
-on commit, are captured with ``captureOnCommitCallbacks``; Django's test
-case checks deferred foreign keys at teardown). Tests with a worker
+Most tests run the job in the test's own transaction (recovery events are
+written in the announcing transaction; the engine's other signals, sent on
+commit, are captured with ``captureOnCommitCallbacks``; Django's test case
+checks deferred foreign keys at teardown). Tests with a worker
 subprocess or a command running the job in a thread use ``transaction=True``.
 """
 
@@ -17,6 +18,8 @@ import signal
 import subprocess
 import sys
 import time
+import tracemalloc
+import zlib
 from datetime import timedelta
 from pathlib import Path
 from subprocess import PIPE, STDOUT
@@ -36,8 +39,9 @@ from durable.builtin.models import Announcement
 from durable.builtin.restore import RestoreForm
 from durable.builtin.tables import TableDigest, row_bytes
 from durable.errors import InputRejected, LeaseLost
+from durable.lease import claim, commit_unit, settle
 from durable.models import Job
-from durable.operations import Unit, get_operation
+from durable.operations import JobContext, Unit, get_operation
 from tests.conftest import BASE_DIR, wait_until
 from tests.opsapp.models import Node, RecordedEvent, Sample, Tag
 
@@ -69,7 +73,7 @@ def backups(tmp_path: Path, settings) -> Path:
 
 
 def run(job_id: int):
-    """Run the job here; recovery events (sent on commit) are delivered as it runs."""
+    """Run the job here; signals sent on commit are delivered as it runs."""
     with TestCase.captureOnCommitCallbacks(execute=True):
         return drain(job_id, timeout=60)
 
@@ -232,6 +236,102 @@ def test_restore__a_worker_that_lost_its_lease_cannot_delete_anything(backups):
     assert restore_op.run_unit(fresh, Unit(key="clear"))["deleted"] > 0
 
 
+# --- a replace that stops after deleting --------------------------------------------------
+
+
+def _interrupted(job) -> list[RecordedEvent]:
+    return list(RecordedEvent.objects.filter(job_id=job.pk, type="restore-backup"))
+
+
+def test_restore__failing_after_the_clear_says_which_tables_are_empty_and_how_to_finish(
+    backups, monkeypatch
+):
+    make_dataset()
+    backup("base")
+    real = backupdir.read_part
+
+    def unreadable_samples(path, part, columns):
+        if part["file"].startswith("opsapp.sample."):
+            raise backupdir.BackupDamaged(f"{part['file']} changed after the backup was verified")
+        return real(path, part, columns)
+
+    monkeypatch.setattr(backupdir, "read_part", unreadable_samples)
+    job = restore("base", replace=True)
+    assert job.state == "failed"
+    assert Sample.objects.count() == 0  # deleted by the clear, never loaded again
+    (event,) = _interrupted(job)
+    assert (event.done, event.deleted_data, event.severity) == (False, True, "error")
+    assert f"(job {job.pk}) failed after it deleted the current rows" in event.detail
+    assert "opsapp.sample" in event.detail
+    assert "restored completely" in event.detail  # the parents loaded before the failure
+    assert "restore_database base --replace --database default" in event.detail
+    # The same stop reported again (a worker start's catch-up): nothing new.
+    from durable.builtin.restore import announce_interrupted, on_worker_started
+
+    assert announce_interrupted(job.pk) is False
+    on_worker_started(sender="test")
+    assert len(_interrupted(job)) == 1
+    # Fixed and retried, the job finishes; "done" is the newer event.
+    monkeypatch.setattr(backupdir, "read_part", real)
+    assert jobs.retry_now(job.pk, actor="ops").applied
+    assert run(job.pk).state == "completed"
+    assert [e.done for e in _interrupted(job)] == [False, True]
+
+
+def test_restore__an_announcement_lost_to_a_crash_is_made_at_the_next_worker_start(backups):
+    make_dataset()
+    backup("base")
+    job = jobs.enqueue(
+        "restore.database", {"name": "base", "replace": True, "exclude": TEST_EXCLUDE}
+    )
+    lease, claimed = claim("w", queues=[], operations=["restore.database"], lease_seconds=30,
+                           job_id=job.pk)  # fmt: skip
+    op = get_operation("restore.database")
+    ctx = JobContext(job_id=job.pk, operation=job.operation, input=claimed.input,
+                     checkpoint=None, attempt=1, worker_id="w",
+                     lease_epoch=lease.epoch)  # fmt: skip
+    units = op.units(ctx)
+    for _ in range(2):  # verify, then clear: the tables are empty now
+        unit = next(units)
+        result = op.run_unit(ctx, unit)
+        commit_unit(lease, key=unit.key, result=result, checkpoint=unit.checkpoint,
+                    units_total=None)  # fmt: skip
+        ctx.checkpoint = unit.checkpoint
+    units.close()
+    assert Sample.objects.count() == 0
+    # Cancelled and settled with no on-commit receiver ever running: the process
+    # that made the change died right after its commit.
+    assert jobs.cancel(job.pk, actor="ops").applied
+    settle(lease)
+    job.refresh_from_db()
+    assert job.state == "cancelled"
+    assert _interrupted(job) == []
+    from durable.builtin.restore import on_worker_started
+
+    on_worker_started(sender="worker")
+    (event,) = _interrupted(job)
+    assert (event.done, event.deleted_data) == (False, True)
+    assert "was cancelled after it deleted the current rows" in event.detail
+    on_worker_started(sender="worker")
+    assert len(_interrupted(job)) == 1
+
+
+def test_restore__a_stop_before_the_clear_or_without_replace_reports_nothing_more(backups):
+    make_dataset()
+    backup("base")
+    merged = jobs.enqueue("restore.database", {"name": "base", "exclude": TEST_EXCLUDE})
+    queued = jobs.enqueue(
+        "restore.database",
+        {"name": "base", "database": "default", "replace": True, "exclude": TEST_EXCLUDE},
+        unique_key="another",
+    )
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        jobs.cancel(merged.pk, actor="ops")
+        jobs.cancel(queued.pk, actor="ops")
+    assert _interrupted(merged) == []
+    assert _interrupted(queued) == []
+
+
 # --- round trips and modes ----------------------------------------------------------------
 
 
@@ -253,6 +353,42 @@ def test_round_trip__replace_restores_exactly_the_backed_up_rows(backups):
     assert job.unit_results.get(key="finish").result["verified"] is True
     event = RecordedEvent.objects.get(job_id=job.pk)
     assert (event.type, event.done, event.deleted_data) == ("restore-backup", True, True)
+
+
+def test_replace__the_final_check_runs_in_bounded_batches(backups, monkeypatch):
+    make_dataset()
+    backup("full")
+    monkeypatch.setattr("durable.builtin.restore.CHECK_BATCH", 5)
+    job = restore("full", replace=True)
+    assert job.state == "completed", job.reason
+    checks = dict(job.unit_results.filter(key__startswith="check:opsapp.sample:")
+                  .values_list("key", "result"))  # fmt: skip
+    assert sorted(checks) == [f"check:opsapp.sample:{n}" for n in range(3)]  # 12 rows: 5 + 5 + 2
+    assert [checks[f"check:opsapp.sample:{n}"]["rows"] for n in range(3)] == [5, 5, 2]
+    assert job.units_done == job.units_total
+
+
+@pytest.mark.parametrize("when", ["before its check", "after its check"])
+def test_replace__a_write_during_the_restore_is_found_and_reported(backups, monkeypatch, when):
+    make_dataset()
+    backup("full")
+    op = get_operation("restore.database")
+    real = op.run_unit
+
+    def meanwhile(ctx, unit):
+        if unit.key == "check:opsapp.sample:0" and when == "before its check":
+            Sample.objects.filter(pk=Sample.objects.order_by("pk")[0].pk).update(name="changed")
+        if unit.key == "finish" and when == "after its check":
+            Sample.objects.create(name="written after the check")
+        return real(ctx, unit)
+
+    monkeypatch.setattr(op, "run_unit", meanwhile)
+    job = restore("full", replace=True)
+    assert job.state == "failed"
+    assert "these tables differ from the backup" in job.reason
+    (event,) = RecordedEvent.objects.filter(job_id=job.pk)
+    assert (event.type, event.done) == ("restore-backup", False)
+    assert "opsapp.sample" in event.detail
 
 
 def test_merge__brings_back_deleted_and_changed_rows_and_keeps_new_ones(backups):
@@ -333,6 +469,73 @@ def test_backup__a_published_backup_checks_with_sha256sum_format(backups):
     assert header["columns"][0] == "id"
 
 
+def test_verify__streams_the_parts_in_bounded_memory(tmp_path):
+    """A backup of big parts is verified one line at a time, never a whole file in memory."""
+    path = tmp_path / "big"
+    path.mkdir()
+    columns = ["id", "text"]
+    parts, digest = [], TableDigest()
+    for index in range(2):
+        rows = [[index * 10_000 + n, os.urandom(400).hex()] for n in range(10_000)]  # 8 MB each
+        for row in rows:
+            digest.add(row_bytes(row))
+        data = backupdir.encode_part({"model": "opsapp.tag", "columns": columns}, rows)
+        name = f"opsapp.tag.{index:06d}.jsonl.gz"
+        (path / name).write_bytes(data)
+        parts.append({"file": name, "rows": len(rows), "bytes": len(data),
+                      "sha256": hashlib.sha256(data).hexdigest()})  # fmt: skip
+    manifest = {"format": "durable-backup/1", "tables": [
+        {"model": "opsapp.tag", "table": "opsapp_tag", "columns": columns, "pk": "id",
+         "rows": 20_000, "digest": digest.hexdigest(), "parts": parts}]}  # fmt: skip
+    raw = json.dumps(manifest).encode()
+    (path / MANIFEST).write_bytes(raw)
+    sums = {part["file"]: part["sha256"] for part in parts}
+    (path / SUMS).write_text(format_sums({**sums, MANIFEST: hashlib.sha256(raw).hexdigest()}))
+    size = (path / parts[0]["file"]).stat().st_size
+    tracemalloc.start()
+    try:
+        backupdir.verify(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert size > 4_000_000
+    assert peak < size / 4, f"peak {peak:,} bytes for parts of {size:,}"
+
+
+@pytest.mark.parametrize("sums", ["left as they were", "recomputed after the damage"])
+def test_verify__a_part_whose_deflate_stream_is_damaged_is_reported_not_raised(backups, sums):
+    """Damage that makes zlib itself fail (not gzip's CRC): still a refusal with the reason."""
+    make_dataset(samples=12)
+    path = backup("rots")
+    part = first_part(path)
+    pristine = part.read_bytes()
+    for offset in range(20, len(pristine) - 10):
+        damaged = bytearray(pristine)
+        damaged[offset] ^= 0x40
+        try:
+            gzip.decompress(bytes(damaged))
+        except zlib.error:
+            break
+        except (OSError, EOFError):
+            continue
+    else:
+        pytest.skip("no single flipped byte makes zlib fail on this part")
+    part.write_bytes(bytes(damaged))
+    if sums == "recomputed after the damage":
+        rewrite_sums(path)
+        manifest = json.loads((path / MANIFEST).read_text())
+        for table in manifest["tables"]:
+            for entry in table["parts"]:
+                if entry["file"] == part.name:
+                    entry["sha256"] = hashlib.sha256(bytes(damaged)).hexdigest()
+        (path / MANIFEST).write_text(json.dumps(manifest))
+        rewrite_sums(path)
+    with pytest.raises(backupdir.BackupDamaged) as damage:
+        backupdir.verify(path)
+    expected = "cannot be read" if sums == "recomputed after the damage" else "SHA-256 mismatch"
+    assert expected in str(damage.value)
+
+
 @committed
 def test_backup__damage_found_right_after_publishing_is_reported(backups, workers):
     make_dataset(samples=3)
@@ -386,6 +589,25 @@ def test_backup__writes_during_the_backup(backups, workers, snapshot):
     else:
         assert found != at_start
         assert ("written-during-the-backup", "") in found["opsapp.tag"]
+
+
+@pytest.mark.skipif(PG, reason="snapshots are for SQLite")
+@committed
+def test_backup__a_snapshot_backups_total_is_the_snapshots(backups, workers):
+    make_dataset()
+    job = jobs.enqueue("backup.database", {"name": "snap", "batch_size": 4, "snapshot": True,
+                                           "exclude": TEST_EXCLUDE})  # fmt: skip
+    env = {"DURABLE_BACKUP_DIR": str(backups)}
+    # Stopped after the claim counted the live rows, before "begin" takes the snapshot.
+    proc = workers.start("--burst", faults="before_unit:1:stop", lease=LEASE, env=env)
+    wait_until(lambda: proc_state(proc.pid) == "T")
+    Sample.objects.bulk_create(Sample(name=f"late {n}") for n in range(8))  # two more parts
+    os.kill(proc.pid, signal.SIGCONT)
+    assert proc.wait(timeout=60) == 0, workers.log(proc)
+    job.refresh_from_db()
+    assert job.state == "completed", job.reason
+    assert job.units_done == job.units_total
+    assert job.unit_results.get(key="publish").result["rows"] >= 20  # the late rows are in
 
 
 @pytest.mark.skipif(PG, reason="snapshots are for SQLite")

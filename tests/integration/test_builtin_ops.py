@@ -55,14 +55,12 @@ def env(tmp_path: Path, settings) -> Env:
     return env
 
 
-@pytest.fixture(params=[_param(s, id=s.operation) for s in SCENARIOS])
+@pytest.fixture(params=[_param(s, id=repr(s)) for s in SCENARIOS])
 def scenario(request) -> Scenario:
     return request.param
 
 
-CRASHES = [
-    _param(s, point, id=f"{s.operation}-{point}") for s in SCENARIOS for point in s.crash_points
-]
+CRASHES = [_param(s, point, id=f"{s!r}-{point}") for s in SCENARIOS for point in s.crash_points]
 
 
 def kinds(job: Job) -> list[str]:

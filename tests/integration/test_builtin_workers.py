@@ -135,6 +135,9 @@ class ImportCase(Case):
 
     def __init__(self, tmp_path: Path, settings) -> None:
         super().__init__(tmp_path, settings)
+        # Imports read only inside RECOVERY_IMPORT_DIRS: here and in the workers.
+        settings.RECOVERY_IMPORT_DIRS = [str(tmp_path)]
+        self.env = {"RECOVERY_IMPORT_DIRS": str(tmp_path)}
         self.path = tmp_path / f"export.{self.format}"
         self.path.write_bytes(self.content())
 
@@ -237,6 +240,7 @@ def test_completes(case, workers):
 @pytest.mark.parametrize(
     "fault",
     [
+        "before_unit:2",  # the unit was about to run: nothing of it happened yet
         "after_unit:2",  # the unit's side effect happened; its checkpoint did not
         "after_checkpoint:2",  # the checkpoint committed; the next unit did not start
     ],
@@ -245,11 +249,17 @@ def test_crash__a_restarted_worker_finishes_and_nothing_is_done_twice(case, work
     crashed = workers.run(faults=fault, env=case.env)
     assert crashed.returncode == -signal.SIGKILL, workers.log(crashed)
     assert case.job().state == "running"
+    if fault.startswith("before_unit"):
+        # Crashed before its second unit: one unit checkpointed, and it is not run again.
+        assert case.job().units_done == 1
+        first = set(UnitResult.objects.filter(job_id=case.job().pk).values_list("key", "id"))
     restarted = workers.run(env=case.env)
     assert restarted.returncode == 0, workers.log(restarted)
     job = case.job()
     assert (job.state, job.reclaims) == ("completed", 1)
     case.assert_done_once()
+    if fault.startswith("before_unit"):
+        assert first <= set(UnitResult.objects.filter(job_id=job.pk).values_list("key", "id"))
 
 
 def test_expired_lease__another_worker_takes_over_and_the_stale_one_changes_nothing(case, workers):
@@ -295,23 +305,35 @@ def test_pause_or_cancel__stops_at_a_unit_boundary(case, workers, action):
 # --- concurrent workers -----------------------------------------------------------------
 
 
-def test_files__two_workers_never_move_one_file_twice(workers, tmp_path, settings):
+def test_files__two_jobs_contending_for_the_same_files_move_each_once_and_lose_nothing(
+    workers, tmp_path, settings
+):
+    """Two moves of the same files at once, on two workers.
+
+    ``enqueue`` folds a second move over the same pair of storages into the
+    first (its unique key); these two are enqueued past that, with keys of their
+    own, as two sites sharing one storage might. Each file is copied and
+    published by one of them; the other finds it published (not its own) or
+    gone, and never deletes a copy it did not make.
+    """
     files = FilesCase(tmp_path, settings)
-    extra = {f"d{n}/g{k}": bytes([n, k]) * 1000 for n in range(2) for k in range(6)}
+    extra = {f"d{n}/g{k}": bytes([n, k]) * 20_000 for n in range(2) for k in range(6)}
     for name, data in extra.items():
         (files.src / name).parent.mkdir(parents=True, exist_ok=True)
         (files.src / name).write_bytes(data)
-    moves = [{"source": "src", "destination": "dst", "prefix": f"d{n}/"} for n in range(2)]
-    ids = [jobs.enqueue("files.move", data).pk for data in moves]
+    data = {"source": "src", "destination": "dst"}
+    ids = [jobs.enqueue("files.move", data, unique_key=f"contender {n}").pk for n in range(2)]
     procs = [workers.start("--burst", env=files.env) for _ in range(2)]
     for proc in procs:
         assert proc.wait(timeout=120) == 0, workers.log(proc)
     assert set(Job.objects.filter(pk__in=ids).values_list("state", flat=True)) == {"completed"}
-    assert tree(files.dst) == {**FILES, **extra}
-    results = UnitResult.objects.filter(job_id__in=ids).exclude(key="summary")
-    # Every file was copied once, by the one worker running its unit: a second
-    # run of a unit would have found the copy (copied=False) or the source gone.
-    assert [r.result["copied"] for r in results] == [True] * len(tree(files.dst))
+    assert tree(files.dst) == {**FILES, **extra}  # every file intact, no temporary copy left
+    assert tree(files.src) == {}
+    results = [r.result for r in UnitResult.objects.filter(job_id__in=ids).exclude(key="summary")]
+    copied = Counter(result["name"] for result in results if result.get("copied"))
+    # Published once: the job that lost the race found the file there (or gone).
+    assert copied == Counter({name: 1 for name in {**FILES, **extra}})
+    assert {result["outcome"] for result in results} <= {"moved", "already_moved", "vanished"}
 
 
 def test_imports__two_workers_one_record_per_file_and_no_duplicate_events(
@@ -327,7 +349,7 @@ def test_imports__two_workers_one_record_per_file_and_no_duplicate_events(
         jobs.enqueue("import.jsonl", {"path": str(same), "batch_records": 2}).pk,
         jobs.enqueue("import.csv", {"path": str(other), "batch_records": 2}).pk,
     ]
-    procs = [workers.start("--burst") for _ in range(2)]
+    procs = [workers.start("--burst", env=first.env) for _ in range(2)]
     for proc in procs:
         assert proc.wait(timeout=120) == 0, workers.log(proc)
     assert set(Job.objects.filter(pk__in=ids).values_list("state", flat=True)) == {"completed"}

@@ -53,8 +53,11 @@ def test_copy__replace_makes_the_target_equal_to_the_source():
     job = copy(target="other", replace=True, batch_size=3)
     assert job.state == "completed", job.reason
     assert contents("other") == contents("default")
-    verified = dict(job.unit_results.filter(key__startswith="verify:").values_list("key", "result"))
-    assert verified["verify:opsapp.sample"]["rows"] == 12
+    verified = dict(job.unit_results.filter(key__startswith="verif").values_list("key", "result"))
+    assert verified["verified:opsapp.sample"]["rows"] == 12
+    # Verified in batches of batch_size rows, each a unit of its own.
+    assert [verified[f"verify:opsapp.sample:{n}"]["rows"] for n in range(4)] == [3, 3, 3, 3]
+    assert "verify:opsapp.sample:4" not in verified
     # The second pass filled in the self-references the first pass left NULL.
     assert job.unit_results.filter(key__startswith="link:opsapp.node:").exists()
 
@@ -137,8 +140,46 @@ def test_verify__a_write_to_the_target_during_the_copy_fails_the_job(workers):
     assert proc.wait(timeout=60) == 0, workers.log(proc)
     job.refresh_from_db()
     assert job.state == "failed"
-    assert "opsapp.sample differs after the copy" in job.reason
+    assert "opsapp.sample differs after the copy (rows after" in job.reason
     assert "stop the site's writers" in job.reason
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ("extra", "the source has 12 and the target 13 now"),  # a row only on the target
+        ("missing", "target 2 rows"),  # a row the target lost: its batch differs
+        # The source wrote into a range already verified: only the close sees it.
+        ("grown", "the source has 13 and the target 12 now"),
+    ],
+)
+def test_verify__every_difference_is_found_batch_by_batch(change, expected):
+    make_dataset()
+    job = jobs.enqueue(
+        "db.copy", {"target": "other", "replace": True, "batch_size": 3, "exclude": TEST_EXCLUDE}
+    )
+    original = get_operation("db.copy")._verify_batch
+
+    def after_the_copy(spec, source, target, payload):
+        if spec.label == "opsapp.sample" and payload["after"] is None:  # the table's first batch
+            if change == "extra":
+                Sample.objects.using("other").create(name="written on the target")
+            elif change == "missing":
+                Sample.objects.using("other").filter(pk=payload["upto"]).delete()
+        behind = change == "grown" and payload["after"] is not None  # a range already verified
+        if spec.label == "opsapp.sample" and behind and not Sample.objects.filter(pk=0).exists():
+            Sample.objects.create(name="written on the source meanwhile", id=0)
+        return original(spec, source, target, payload)
+
+    operation = get_operation("db.copy")
+    operation._verify_batch = after_the_copy
+    try:
+        job = drain(job.pk, timeout=60)
+    finally:
+        del operation._verify_batch
+    assert job.state == "failed"
+    assert "opsapp.sample differs after the copy" in job.reason
+    assert expected in job.reason
 
 
 @pytest.mark.django_db(transaction=True, databases=["default", "other"])

@@ -130,11 +130,136 @@ def test_move__a_copy_made_before_a_crash_is_not_copied_again(roots):
 
 
 def test_move__a_copy_cut_short_by_a_crash_is_replaced(roots):
+    """Cut short, the copy is under this job's own temporary name: replaced, then gone."""
     src, dst = roots
-    fill(src, {"big": b"x" * 5000})
-    fill(dst, {"big": b"x" * 1200})  # the first bytes of ours: a partial copy
+    fill(src, {"dir/big": b"x" * 5000})
+    job = jobs.enqueue("files.move", {"source": "src", "destination": "dst"})
+    partial = files_module.temporary_name("dir/big", job.pk)
+    assert partial.startswith("dir/.durable-move-")
+    fill(dst, {partial: b"x" * 1200})  # what the crashed attempt left behind
+    assert drain(job.pk).state == "completed"
+    assert tree(dst) == {"dir/big": b"x" * 5000}
+
+
+@pytest.mark.parametrize(
+    "theirs",
+    [b"line1\n", b"", b"line1\nline2"],
+    ids=["a-shorter-file-starting-like-ours", "an-empty-file", "the-same-bytes-other-time"],
+)
+def test_move__somebody_elses_file_at_the_destination_is_never_replaced(roots, theirs):
+    """The audit's cases: a log whose first line equals the source's, and an empty file."""
+    src, dst = roots
+    fill(src, {"log.txt": b"line1\nline2"})
+    fill(dst, {"log.txt": theirs})
+    os.utime(dst / "log.txt", (1_500_000_000, 1_500_000_000))  # written long ago, by them
+    inode = (dst / "log.txt").stat().st_ino
+    job = move()
+    assert job.state == "failed"
+    assert "dst:log.txt already exists with" in job.reason
+    assert (dst / "log.txt").read_bytes() == theirs
+    assert (dst / "log.txt").stat().st_ino == inode  # the very same file, untouched
+    assert (dst / "log.txt").stat().st_mtime == 1_500_000_000
+    assert tree(src) == {"log.txt": b"line1\nline2"}
+    assert tree(dst) == {"log.txt": theirs}  # and no copy of ours left beside it
+
+
+def test_move__another_jobs_copy_in_progress_is_left_alone(roots):
+    src, dst = roots
+    fill(src, {"a.txt": b"alpha\n"})
+    theirs = files_module.temporary_name("a.txt", 999_999)  # job 999999 is copying it
+    fill(dst, {theirs: b"alp"})
+    job = move()
+    assert job.state == "completed"
+    assert tree(dst) == {"a.txt": b"alpha\n", theirs: b"alp"}  # not ours: not touched
+    assert tree(src) == {}
+
+
+def test_move__a_stale_publish_of_ours_is_replaced_when_the_source_changed(roots):
+    """Killed after publishing, then the source was rewritten: our old copy goes, not theirs."""
+    src, dst = roots
+    fill(src, {"a.txt": b"version 2\n"})
+    job = jobs.enqueue("files.move", {"source": "src", "destination": "dst"})
+    tmp = files_module.temporary_name("a.txt", job.pk)
+    fill(dst, {tmp: b"version 1\n"})
+    os.link(dst / tmp, dst / "a.txt")  # published, then the crash
+    assert drain(job.pk).state == "completed"
+    assert tree(dst) == {"a.txt": b"version 2\n"}
+    assert tree(src) == {}
+
+
+def test_move__a_crash_before_the_mtime_was_kept_is_repaired_before_the_delete(roots):
+    """Killed after publishing a copy whose modification time had not been applied yet."""
+    src, dst = roots
+    fill(src, {"a.txt": b"alpha\n"})
+    os.utime(src / "a.txt", (1_600_000_000, 1_600_000_000))
+    job = jobs.enqueue("files.move", {"source": "src", "destination": "dst"})
+    tmp = files_module.temporary_name("a.txt", job.pk)
+    fill(dst, {tmp: b"alpha\n"})  # the copy, with the time of its writing
+    os.link(dst / tmp, dst / "a.txt")
+    job = drain(job.pk)
+    assert job.state == "completed"
+    assert (dst / "a.txt").stat().st_mtime == 1_600_000_000  # applied again, then verified
+    result = UnitResult.objects.get(job_id=job.pk, key="file:a.txt").result
+    assert (result["outcome"], result["copied"]) == ("moved", False)
+    assert tree(dst) == {"a.txt": b"alpha\n"}
+    assert tree(src) == {}
+
+
+def test_move__into_a_storage_that_is_not_a_local_directory(roots, settings):
+    """No hard links there: published with save (another name rather than overwrite)."""
+    src, _ = roots
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "memory": {"BACKEND": "django.core.files.storage.InMemoryStorage"},
+    }
+    from django.core.files.storage import storages
+
+    memory = storages["memory"]
+    memory.save("taken.txt", io.BytesIO(b"theirs"))
+    fill(src, {"a.txt": b"alpha\n", "dir/b.bin": FILES["dir/b.bin"], "taken.txt": b"ours"})
+    job = drain(jobs.enqueue("files.move", {"source": "src", "destination": "memory",
+                                           "on_conflict": "skip"}).pk)  # fmt: skip
+    assert job.state == "completed", job.reason
+    assert outcomes(job) == {
+        "a.txt": "moved",
+        "dir/b.bin": "moved",
+        "taken.txt": "conflict_skipped",
+    }
+    assert memory.open("a.txt").read() == b"alpha\n"
+    assert memory.open("dir/b.bin").read() == FILES["dir/b.bin"]
+    assert memory.open("taken.txt").read() == b"theirs"
+    assert sorted(memory.listdir("")[1]) == ["a.txt", "taken.txt"]  # no temporary copy left
+    assert memory.listdir("dir")[1] == ["b.bin"]
+    assert tree(src) == {"taken.txt": b"ours"}
+
+
+@pytest.mark.parametrize("meanwhile", ["moved by another job", "deleted by its owner"])
+def test_move__a_source_that_goes_while_it_is_read_is_not_a_failure(roots, monkeypatch, meanwhile):
+    src, dst = roots
+    fill(src, {"a.txt": b"alpha\n"})
+    real = files_module._HashingReader.read
+
+    def taken_away(self, n=-1):
+        if (src / "a.txt").exists():
+            if meanwhile == "moved by another job":
+                fill(dst, {"a.txt": b"alpha\n"})
+            (src / "a.txt").unlink()
+            raise FileNotFoundError(2, "No such file or directory", str(src / "a.txt"))
+        return real(self, n)
+
+    monkeypatch.setattr(files_module._HashingReader, "read", taken_away)
+    job = drain(jobs.enqueue("files.move", {"source": "src", "destination": "dst"}).pk)
+    assert (job.state, job.attempts) == ("completed", 0)
+    expected = "already_moved" if meanwhile == "moved by another job" else "vanished"
+    assert outcomes(job) == {"a.txt": expected}
+    assert tree(dst) == ({"a.txt": b"alpha\n"} if expected == "already_moved" else {})
+
+
+def test_move__temporary_names_are_never_moved_as_files(roots):
+    src, dst = roots
+    fill(src, {"a.txt": b"a", files_module.temporary_name("a.txt", 7): b"left by a crash"})
     assert move().state == "completed"
-    assert tree(dst) == {"big": b"x" * 5000}
+    assert tree(dst) == {"a.txt": b"a"}
 
 
 def test_move__after_the_source_was_deleted_the_replay_is_done(roots):
@@ -181,7 +306,7 @@ def test_move__a_different_file_at_the_destination_is_never_overwritten(roots):
     assert job.state == "failed"  # non-retryable: a verdict, not a glitch
     assert job.attempts == 1
     assert "dst:a.txt already exists with other content" in job.reason
-    assert "The source is left in place" in job.reason
+    assert "the source is left in place" in job.reason
     assert tree(src) == {"a.txt": b"ours", "b.txt": b"b"}
     assert tree(dst) == {"a.txt": b"somebody else's"}
 

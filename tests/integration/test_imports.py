@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from durable import jobs
-from durable.errors import InputRejected
+from durable.errors import InputRejected, NonRetryable
 from durable.models import Job, UnitResult
 from durable.operations import JobContext, get_operation
 from recovery.imports.models import ImportRecord
@@ -46,6 +47,13 @@ CSV = (
     b"backup-created,info,x,,,,,,,surplus\n"
     b'"broken,quote\n'
 )
+
+
+@pytest.fixture(autouse=True)
+def import_dir(settings, tmp_path) -> Path:
+    """Imports read only inside RECOVERY_IMPORT_DIRS: here, the test's own directory."""
+    settings.RECOVERY_IMPORT_DIRS = [str(tmp_path)]
+    return tmp_path
 
 
 def write(tmp_path: Path, name: str, data: bytes) -> str:
@@ -187,6 +195,23 @@ def test_batches_are_units_and_the_checkpoint_is_the_byte_offset(tmp_path):
     assert [e.detail for e in imported()] == ["0", "1", "2", "3", "4"]
 
 
+@pytest.mark.parametrize(
+    ("operation", "name", "data"),
+    [
+        ("import.csv", "x.csv", CSV),  # a header, a quoted newline, 5 rows
+        ("import.jsonl", "x.jsonl", JSONL),  # the last line without its newline
+    ],
+)
+@pytest.mark.parametrize("batch", [1, 2, 1000])
+def test_progress__a_completed_import_shows_n_of_n(tmp_path, operation, name, data, batch):
+    job = run_import(operation, write(tmp_path, name, data), batch_records=batch)
+    assert job.state == "completed"
+    assert job.units_done == job.units_total
+    again = run_import(operation, write(tmp_path, f"again-{name}", data), batch_records=batch)
+    assert again.events.filter(kind="already_imported").exists()
+    assert again.units_done == again.units_total == 1
+
+
 def test_an_empty_file_imports_nothing(tmp_path):
     for operation, name in (("import.jsonl", "e.jsonl"), ("import.csv", "e.csv")):
         job = run_import(operation, write(tmp_path, name, b""))
@@ -197,7 +222,10 @@ def test_an_empty_file_imports_nothing(tmp_path):
 def test_a_csv_without_a_type_column_fails_with_the_reason(tmp_path):
     job = run_import("import.csv", write(tmp_path, "x.csv", b"kind,detail\nbackup,x\n"))
     assert job.state == "failed"
-    assert "the CSV header has no 'type' column (found: kind, detail)" in job.reason
+    assert job.reason.endswith(
+        f"{tmp_path / 'x.csv'}: the CSV header has no 'type' column (2 columns; recognised: detail)"
+    )
+    assert "kind" not in job.reason  # a column we do not know is not quoted
     assert imported() == []
 
 
@@ -211,6 +239,27 @@ def test_a_file_that_changes_during_the_import_stops_it(tmp_path):
     job = drain(job.pk)
     assert job.state == "failed"
     assert "changed since this import started" in job.reason
+    assert imported() == []
+
+
+def test_a_file_replaced_between_units_of_one_claim_is_not_imported_under_the_old_hash(tmp_path):
+    """Checked by every unit, not once per claim: the records unit holds the file it reads."""
+    path = write(tmp_path, "a.jsonl", JSONL)
+    job = jobs.enqueue("import.jsonl", {"path": path, "batch_records": 2})
+    op = get_operation(job.operation)
+    ctx = JobContext(job_id=job.pk, operation=job.operation, input=job.input, checkpoint=None,
+                     attempt=1, worker_id="w", lease_epoch=1)  # fmt: skip
+    units = op.units(ctx)
+    source = next(units)
+    op.run_unit(ctx, source)
+    ctx.checkpoint = source.checkpoint
+    batch = next(units)  # planned on the file whose SHA-256 the source unit took
+    other = JSONL.replace(b"Backed up", b"Forged up")  # same size, other bytes
+    write(tmp_path, "replacement", other)
+    os.replace(tmp_path / "replacement", path)  # a new inode under the same path
+    with pytest.raises(NonRetryable, match="changed since this import started"):
+        op.run_unit(ctx, batch)
+    units.close()
     assert imported() == []
 
 
@@ -231,11 +280,14 @@ def test_a_missing_file_pauses_until_it_is_there(tmp_path):
         ({}, "path"),
         ({"path": "  "}, "path"),
         ({"path": "/x\x00y"}, "path"),
-        ({"path": "/x", "batch_records": 0}, "batch_records"),
-        ({"path": "/x", "batch_records": True}, "batch_records"),
+        ({"path": "/x"}, "path"),  # outside RECOVERY_IMPORT_DIRS
+        ({"path": "x", "batch_records": 0}, "batch_records"),
+        ({"path": "x", "batch_records": True}, "batch_records"),
     ],
 )
-def test_refuses_bad_input(data, field):
+def test_refuses_bad_input(data, field, tmp_path):
+    if isinstance(data.get("path"), str) and data["path"] == "x":
+        data = {**data, "path": str(tmp_path / "x")}
     with pytest.raises(InputRejected) as refused:
         jobs.enqueue("import.csv", data)
     assert refused.value.field == field
@@ -248,6 +300,93 @@ def test_import_dirs_setting_limits_where_files_are_read(settings, tmp_path):
     for outside in ("/etc/passwd", str(tmp_path / "imports" / ".." / "other.jsonl")):
         with pytest.raises(InputRejected, match="RECOVERY_IMPORT_DIRS"):
             jobs.enqueue("import.jsonl", {"path": outside})
+
+
+@pytest.mark.parametrize("configured", [None, []], ids=["unset", "empty"])
+def test_import_dirs__default_to_var_imports_never_to_anywhere(settings, tmp_path, configured):
+    settings.VAR_DIR = tmp_path / "var"
+    if configured is None:
+        del settings.RECOVERY_IMPORT_DIRS
+    else:
+        settings.RECOVERY_IMPORT_DIRS = configured
+    for outside in ("/etc/passwd", str(tmp_path / "app.env")):
+        with pytest.raises(InputRejected, match=r"var/imports \(RECOVERY_IMPORT_DIRS\)"):
+            jobs.enqueue("import.csv", {"path": outside})
+    default = tmp_path / "var" / "imports"
+    assert default.is_dir()  # created on demand, for the operator to put exports in
+    assert oct(default.stat().st_mode & 0o777) == oct(0o750 & ~current_umask())
+    jobs.enqueue("import.csv", {"path": str(default / "export.csv")})
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_import_dirs__a_link_out_of_the_directory_is_refused(tmp_path):
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.jsonl"
+    outside.write_bytes(JSONL)
+    try:
+        link = tmp_path / "innocent.jsonl"
+        link.symlink_to(outside)
+        with pytest.raises(InputRejected, match="RECOVERY_IMPORT_DIRS"):
+            jobs.enqueue("import.jsonl", {"path": str(link)})
+        # A link swapped in after the enqueue: the worker checks again, and reads nothing.
+        later = tmp_path / "later.jsonl"
+        later.write_bytes(b"")
+        job = jobs.enqueue("import.jsonl", {"path": str(later)})
+        later.unlink()
+        later.symlink_to(outside)
+        job = drain(job.pk)
+        assert job.state == "failed"
+        assert "imports are only read from" in job.reason
+        assert imported() == []
+        assert not ImportRecord.objects.exists()
+    finally:
+        outside.unlink()
+
+
+def test_import_dirs__the_workers_settings_decide_too(settings, tmp_path):
+    path = write(tmp_path, "a.jsonl", JSONL)
+    job = jobs.enqueue("import.jsonl", {"path": path})
+    settings.RECOVERY_IMPORT_DIRS = [str(tmp_path / "elsewhere")]  # the worker's own settings
+    job = drain(job.pk)
+    assert job.state == "failed"
+    assert f"{tmp_path / 'elsewhere'} (RECOVERY_IMPORT_DIRS)" in job.reason
+    assert imported() == []
+
+
+SECRETS = ("s3cr3t-k3y-do-not-show", "hunter2-database")
+ENV_FILE = (
+    f"DJANGO_SECRET_KEY={SECRETS[0]},DB_PASSWORD={SECRETS[1]}\n"
+    "type=1\n"
+    f'{{"type": "x", "detail": "fine"}}\n'
+).encode()
+
+
+@pytest.mark.parametrize("operation", ["import.csv", "import.jsonl"])
+def test_a_secret_first_line_never_reaches_reasons_events_or_logs(tmp_path, caplog, operation):
+    """An ``app.env`` that found its way into the import directory: nothing of it is shown."""
+    caplog.set_level("DEBUG")
+    job = run_import(operation, write(tmp_path, "app.env", ENV_FILE))
+    seen = [
+        job.reason,
+        json.dumps(job.errors),
+        json.dumps(job.checkpoint),
+        *(f"{e.message} {json.dumps(e.data)}" for e in job.events.all()),
+        *(json.dumps(r) for r in UnitResult.objects.values_list("result", flat=True)),
+        *(f"{e.detail} {e.reason} {e.object_titles}" for e in RecoveryEvent.objects.all()),
+        caplog.text,
+    ]
+    for secret in SECRETS:
+        assert not any(secret in text for text in seen), secret
+    if operation == "import.csv":
+        assert job.state == "failed"
+        assert "no 'type' column (2 columns, none recognised)" in job.reason
+    else:  # its one JSON line is an event; the other lines are counted, not quoted
+        assert job.state == "completed"
+        assert [e.detail for e in imported()] == ["fine"]
 
 
 def test_form__its_cleaned_data_is_the_job_input(tmp_path):

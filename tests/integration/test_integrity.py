@@ -1,8 +1,8 @@
 """integrity.scan beyond the shared scenario: database checks, real SQLite corruption, scopes.
 
-Jobs run in the test's own transaction (recovery events captured on commit)
-unless a real file must be corrupted under a closed connection or a command
-thread must see the rows (``transaction=True``).
+Jobs run in the test's own transaction (on-commit signals captured) unless a
+real file must be corrupted under a closed connection or a command thread must
+see the rows (``transaction=True``).
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ from durable.builtin.integrity import ScanForm
 from durable.builtin.models import IntegrityScope, InventoryEntry
 from durable.errors import InputRejected
 from durable.lease import claim
+from durable.operations import JobContext, get_operation
 from durable.worker import Worker
-from tests.opsapp.models import RecordedEvent
+from tests.opsapp.models import RecordedEvent, Sample
 
 from .helpers import drain
-from .opscenarios import FILES, write_files
+from .opscenarios import FILES, corrupt_in_place, write_files
 
 PG = os.environ.get("DATABASE_URL", "").startswith("postgres")
 pytestmark = pytest.mark.django_db
@@ -49,7 +50,7 @@ def scan_root(tmp_path: Path, settings) -> Path:
 
 
 def run(job_id: int):
-    with TestCase.captureOnCommitCallbacks(execute=True):  # recovery events are sent on commit
+    with TestCase.captureOnCommitCallbacks(execute=True):  # the engine's on-commit signals
         return drain(job_id, timeout=60)
 
 
@@ -64,16 +65,45 @@ def sent(job) -> list[tuple[str, str]]:
 # --- databases ------------------------------------------------------------------------------
 
 
+def table_units(job) -> dict[str, dict]:
+    """Each table's own unit (``table:<name>``), without its page ranges."""
+    found = job.unit_results.filter(key__startswith="table:").values_list("key", "result")
+    return {key: result for key, result in found if key.count(":") == 1}
+
+
 def test_database__every_table_is_checked_and_a_clean_database_is_ok():
     job = scan(target="database")
     assert job.state == "completed", job.reason
     tables = connections["default"].introspection.table_names()
-    checked = job.unit_results.filter(key__startswith="table:")
-    assert checked.count() == len(tables)
+    checked = table_units(job)
+    assert len(checked) == len(tables)
     method = "PRAGMA quick_check" if connections["default"].vendor == "sqlite" else "full read"
-    assert {r["method"] for r in checked.values_list("result", flat=True)} == {method}
+    all_units = job.unit_results.filter(key__startswith="table:").values_list("result", flat=True)
+    assert {r["method"] for r in all_units} == {method}
     assert sent(job) == [("integrity-ok", "info")]
     assert f"{len(tables)} tables" in RecordedEvent.objects.get(job_id=job.pk).detail
+    assert job.units_done == job.units_total
+
+
+@pytest.mark.skipif(not PG, reason="page ranges are PostgreSQL's")
+def test_database__a_big_table_is_read_in_bounded_page_ranges(monkeypatch):
+    Sample.objects.bulk_create(Sample(name="x" * 90, text="y" * 600) for _ in range(300))
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT pg_relation_size('opsapp_sample') / 8192")
+        blocks = cursor.fetchone()[0]
+    assert blocks >= 3
+    monkeypatch.setattr("durable.builtin.integrity.BLOCKS_PER_UNIT", 2)
+    job = scan(target="database")
+    assert job.state == "completed", job.reason
+    ranges = dict(job.unit_results.filter(key__startswith="table:opsapp_sample:")
+                  .values_list("key", "result"))  # fmt: skip
+    assert sorted(ranges, key=lambda k: int(k.rsplit(":", 1)[1])) == [
+        f"table:opsapp_sample:{first}" for first in range(0, blocks, 2)
+    ]
+    assert ranges["table:opsapp_sample:0"]["pages"] == [0, 2]
+    assert all(r["problems"] == [] for r in ranges.values())
+    assert job.units_done == job.units_total
+    assert sent(job) == [("integrity-ok", "info")]
 
 
 @pytest.mark.skipif(not PG, reason="amcheck is a PostgreSQL extension")
@@ -86,7 +116,7 @@ def test_database__uses_amcheck_when_it_is_installed():
     job = scan(target="database")
     assert job.state == "completed", job.reason
     results = job.unit_results.filter(key__startswith="table:").values_list("result", flat=True)
-    assert {r["method"] for r in results} == {"amcheck"}
+    assert {r["method"] for r in results} == {"amcheck"}  # pages (verify_heapam) and indexes
     assert all(r["problems"] == [] for r in results)
     assert sent(job) == [("integrity-ok", "info")]
 
@@ -129,8 +159,8 @@ def test_database__real_sqlite_corruption_is_detected_and_reported_once():
         assert "PRAGMA quick_check" in event.detail
         result = job.unit_results.get(key="table:rotting").result
         assert result["problems"]
-        others = job.unit_results.exclude(key="table:rotting").filter(key__startswith="table:")
-        assert all(r["problems"] == [] for r in others.values_list("result", flat=True))
+        others = {k: r for k, r in table_units(job).items() if k != "table:rotting"}
+        assert all(r["problems"] == [] for r in others.values())
         assert IntegrityScope.objects.get(scope="database:other").tallies["corrupted"] == 1
     finally:
         connections["other"].close()
@@ -152,6 +182,52 @@ def test_storage__first_scan_records_a_baseline_and_reports_ok(scan_root):
     again = scan(storage="scan", batch_files=4)
     assert sent(again) == [("integrity-ok", "info")]
     assert InventoryEntry.objects.filter(scope="storage:scan:", status="ok").count() == len(FILES)
+
+
+def test_storage__the_total_counts_batches_cut_short_by_the_byte_limit(scan_root):
+    """Long names fill a unit's payload before batch_files do: the estimate knows it."""
+    names = {"d" * 200 + f"/{n:03d}-" + "n" * 236: b"x" for n in range(400)}  # 441 characters
+    write_files(scan_root, names)
+    job = jobs.enqueue("integrity.scan", {"storage": "scan"})  # 200 files per batch at most
+    op = get_operation("integrity.scan")
+    ctx = JobContext(job_id=job.pk, operation=job.operation, input=job.input, checkpoint=None,
+                     attempt=1, worker_id="w", lease_epoch=1)  # fmt: skip
+    estimate = op.total_units(ctx)
+    job = run(job.pk)
+    assert job.state == "completed", job.reason
+    batches = job.unit_results.filter(key__startswith="files:").count()
+    assert batches == 4  # the byte limit cuts at 111 names, before batch_files (200)
+    assert estimate == batches + 3 == job.units_total == job.units_done
+
+
+def test_storage__a_corrupted_file_is_reported_until_its_bytes_are_back(scan_root):
+    write_files(scan_root, FILES)
+    scan(storage="scan")
+    good = InventoryEntry.objects.get(key="b/corrupt.bin").sha256
+    pristine = (scan_root / "b/corrupt.bin").read_bytes()
+    corrupt_in_place(scan_root / "b/corrupt.bin")
+    for _ in range(2):  # the damage does not become the baseline: reported again
+        job = scan(storage="scan")
+        assert sent(job) == [("corruption-detected", "error")]
+        entry = InventoryEntry.objects.get(key="b/corrupt.bin")
+        assert (entry.status, entry.sha256) == ("corrupted", good)
+        assert IntegrityScope.objects.get(scope="storage:scan:").tallies["corrupted"] == 1
+    stat = (scan_root / "b/corrupt.bin").stat()
+    (scan_root / "b/corrupt.bin").write_bytes(pristine)  # restored from a backup
+    os.utime(scan_root / "b/corrupt.bin", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert sent(scan(storage="scan")) == [("integrity-ok", "info")]
+    assert InventoryEntry.objects.get(key="b/corrupt.bin").status == "ok"
+
+
+def test_storage__touching_a_corrupted_file_accepts_its_bytes(scan_root):
+    """The documented acknowledgement: a rewrite (moved mtime) is a modification, once."""
+    write_files(scan_root, FILES)
+    scan(storage="scan")
+    corrupt_in_place(scan_root / "b/corrupt.bin")
+    assert sent(scan(storage="scan")) == [("corruption-detected", "error")]
+    os.utime(scan_root / "b/corrupt.bin", (1_800_000_000, 1_800_000_000))
+    assert sent(scan(storage="scan")) == [("corruption-detected", "warning")]  # modified
+    assert sent(scan(storage="scan")) == [("integrity-ok", "info")]
 
 
 def test_storage__names_that_are_not_utf8_are_skipped_and_counted(scan_root):
@@ -199,7 +275,10 @@ def test_scope__a_second_scan_of_the_same_scope_waits_for_the_first(scan_root):
         "integrity.scan", {"storage": "scan"}, run_after=timezone.now() + timedelta(hours=1)
     )
     IntegrityScope.objects.create(scope="storage:scan:", job_id=holder.pk)
-    waiting = jobs.enqueue("integrity.scan", {"storage": "scan"})
+    # Asking again returns the unfinished scan (the operation's unique key)...
+    assert jobs.enqueue("integrity.scan", {"storage": "scan"}).pk == holder.pk
+    # ...and a scan that got past it (a caller's own key) waits for the scope.
+    waiting = jobs.enqueue("integrity.scan", {"storage": "scan"}, unique_key="own key")
     Worker(worker_id="w").execute(
         *claim("w", queues=[], operations=["integrity.scan"], lease_seconds=30, job_id=waiting.pk)
     )

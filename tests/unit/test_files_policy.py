@@ -12,11 +12,47 @@ from durable.builtin.files import (
     _access_error,
     clean_name,
     clean_prefix,
+    is_temporary,
     iter_names,
     roots_overlap,
+    temporary_name,
     unit_key,
 )
 from durable.errors import InputRejected, Unavailable
+
+
+@pytest.mark.parametrize(
+    ("name", "job", "expected"),
+    [
+        ("a.txt", 7, ".durable-move-7-"),  # beside the file, in its directory
+        ("d/e/a.txt", 42, "d/e/.durable-move-42-"),
+        ("d/" + "x" * 250, 1, "d/.durable-move-1-"),  # short whatever the name's length
+    ],
+)
+def test_temporary_name__beside_the_file_tagged_with_the_job(name, job, expected):
+    tmp = temporary_name(name, job)
+    assert tmp.startswith(expected)
+    assert tmp.endswith(".part")
+    assert len(tmp.rpartition("/")[2]) < 64
+    assert is_temporary(tmp)
+    assert temporary_name(name, job) == tmp  # stable: a replay finds it again
+    assert temporary_name(name, job + 1) != tmp  # another job's is another name
+    assert temporary_name(name + "2", job) != tmp
+
+
+@pytest.mark.parametrize(
+    "name", ["a.part", ".durable-move-1-abc.part", "x.durable-move-1-0123456789abcdef.part",
+             "durable-move-1-0123456789abcdef.part", ".durable-move-1-0123456789abcdef.part/x"],
+)  # fmt: skip
+def test_is_temporary__only_our_own_pattern(name):
+    assert not is_temporary(name)
+
+
+def test_iter_names__never_lists_temporary_names(tmp_path):
+    for name in ("a.txt", temporary_name("a.txt", 3), f"d/{temporary_name('b', 3)}", "d/b"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    assert list(iter_names(FileSystemStorage(location=str(tmp_path)))) == ["a.txt", "d/b"]
 
 
 def test_unit_key__the_name_or_a_digest_of_a_long_one():

@@ -15,6 +15,7 @@ from recovery.imports.formats import (
     TOO_LONG,
     WRONG_FIELD_COUNT,
     Record,
+    count_batches,
     export_line,
     export_row,
     parse_csv_record,
@@ -86,6 +87,38 @@ def test_read_records__stops_at_a_count_or_at_an_end_offset():
         io.BytesIO(data), 4, quoted=False, limit=10, max_records=0, max_bytes=0, end=end
     )
     assert (again, same) == (found, end)
+
+
+@pytest.mark.parametrize(
+    ("data", "quoted", "max_records", "max_bytes", "skip_first", "batches"),
+    [
+        (b"a\nb\nc\n", False, 2, 10_000, False, 2),  # 3 lines, 2 per batch
+        (b"a\nb\nc", False, 1, 10_000, False, 3),  # the last line without its newline counts
+        (b"", False, 5, 10_000, False, 0),
+        (b"type,detail\nx,1\ny,2\n", True, 1, 10_000, True, 2),  # a CSV header is no batch
+        (b'type,detail\nx,"two\nlines"\ny,2\n', True, 1, 10_000, True, 2),  # a quoted newline
+        (b"type\n", True, 1, 10_000, True, 0),  # a header alone: nothing to import
+        (b"aaaa\nbbbb\ncccc\ndddd\n", False, 100, 8, False, 2),  # cut short by bytes
+    ],
+)
+def test_count_batches__exactly_what_read_records_will_cut(
+    data, quoted, max_records, max_bytes, skip_first, batches
+):
+    handle = io.BytesIO(data)
+    assert count_batches(handle, 0, quoted=quoted, limit=1000, max_records=max_records,
+                         max_bytes=max_bytes, skip_first=skip_first) == batches  # fmt: skip
+    # And it is what reading them batch by batch gives.
+    position, found = 0, 0
+    if skip_first:
+        handle.seek(0)
+        position = read_record(handle, quoted=quoted, limit=1000)[1]
+    while True:
+        records, position = read_records(handle, position, quoted=quoted, limit=1000,
+                                         max_records=max_records, max_bytes=max_bytes)  # fmt: skip
+        if not records:
+            break
+        found += 1
+    assert found == batches
 
 
 # --- CSV ------------------------------------------------------------------------------------------

@@ -41,10 +41,6 @@ class Command(OperationCommand):
             data["batch_size"] = options["batch_size"]
         return data
 
-    def unique_key(self, data: dict[str, Any]) -> str | None:
-        # Running the same command again follows the unfinished job instead of starting another.
-        return f"backup.database:{data['name']}" if data.get("name") else None
-
     def summary(self, job: Job) -> str:
         published = unit_result(job, "publish")
         return (

@@ -40,11 +40,8 @@ class Command(OperationCommand):
             data["batch_size"] = options["batch_size"]
         return data
 
-    def unique_key(self, data: dict[str, Any]) -> str:
-        return f"db.copy:{data['target']}"
-
     def summary(self, job: Job) -> str:
-        verified = job.unit_results.filter(key__startswith="verify:")
+        verified = job.unit_results.filter(key__startswith="verified:")
         rows = sum(
             (result or {}).get("rows", 0) for result in verified.values_list("result", flat=True)
         )

@@ -40,9 +40,6 @@ class Command(OperationCommand):
             data["batch_files"] = options["batch_files"]
         return data
 
-    def unique_key(self, data: dict[str, Any]) -> str:
-        return f"integrity.scan:{scope_of({'prefix': '', **data})}"[:255]
-
     def summary(self, job: Job) -> str:
         tallies = unit_result(job, "report")
         order = ("checked", "new", "ok", "modified", "corrupted", "missing")

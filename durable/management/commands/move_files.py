@@ -6,8 +6,7 @@ import argparse
 
 from django.core.management.base import BaseCommand, CommandError
 
-from durable.errors import InputRejected
-from durable.jobs import enqueue
+from durable.builtin.cli import enqueue_or_follow
 from durable.management.progress import run_here
 from durable.models import Job, UnitResult
 
@@ -17,7 +16,9 @@ class Command(BaseCommand):
         "Move files from one storage to another (aliases in STORAGES, or FILE_STORAGES "
         "name=/path) as the durable job files.move: each file is copied, its size and SHA-256 "
         "verified at the destination, and only then deleted at the source. Without --wait a "
-        "worker runs it; with --wait it runs here with a progress bar."
+        "worker runs it; with --wait it runs here with a progress bar (Ctrl-C stops it at the next "
+        "file, to continue when run again). Run again while its job is unfinished, it follows "
+        "that job."
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -41,12 +42,13 @@ class Command(BaseCommand):
             "names": options["name"],
             "on_conflict": options["on_conflict"],
         }
-        try:
-            job = enqueue("files.move", data, owner="cli")
-        except InputRejected as exc:
-            raise CommandError(str(exc)) from None
-        self.stdout.write(
-            f"enqueued job {job.pk}: move {options['source']} → {options['destination']}"
+        route = f"{options['source']} → {options['destination']}"
+        job = enqueue_or_follow(
+            "files.move",
+            data,
+            owner="cli",
+            out=self.stdout,
+            created_line="enqueued job {pk}: move " + route.replace("{", "{{").replace("}", "}}"),
         )
         if not options["wait"]:
             return

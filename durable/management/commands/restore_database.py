@@ -36,9 +36,6 @@ class Command(OperationCommand):
             "exclude": split_list(options["exclude"]),
         }
 
-    def unique_key(self, data: dict[str, Any]) -> str:
-        return f"restore.database:{data['database']}"
-
     def summary(self, job: Job) -> str:
         done = unit_result(job, "finish")
         check = ", every table's digest matches the backup" if done.get("verified") else ""
