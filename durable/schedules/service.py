@@ -161,7 +161,10 @@ def _check_input(operation: str, data: Any) -> dict[str, Any]:
     if registered_trigger is not None and registered_trigger.check_input is not None:
         data = registered_trigger.check_input(data)
     elif registered_trigger is None:
-        data = get_operation(operation).clean_input(data)
+        # Checked now, stored as given: what the operation fills in by itself (a
+        # backup's time-stamped name) is filled in afresh for every occurrence's job;
+        # frozen here, every occurrence after the first would ask for the same name.
+        clean_input(get_operation(operation).clean_input(dict(data)), max_bytes=max_input_bytes())
     return clean_input(data, max_bytes=max_input_bytes())
 
 

@@ -374,3 +374,20 @@ def test_admin__schedules_occurrences_and_import_records_are_read_only(
         if pk is not None:
             assert admin_client.post(f"/admin/{page}/{pk}/delete/").status_code == 403
     assert b"every 1h" in admin_client.get("/admin/durable/schedule/").content
+
+
+def test_tick__an_operation_s_own_defaults_are_filled_in_for_every_occurrence(settings, tmp_path):
+    # A backup without a name gets a time-stamped one; stored in the schedule, every
+    # occurrence after the first would have asked for the same, taken, name.
+    settings.DURABLE_BACKUP_DIR = tmp_path / "backups"
+    settings.DURABLE_BACKUP_DIR.mkdir()
+    schedule = add_schedule("nightly", "backup.database", every=HOUR, input={})
+    assert "name" not in schedule.input
+    due = schedule.next_run_at
+    (first,) = tick(due)
+    drain(first.job_id)
+    (second,) = tick(due + HOUR)
+    names = [job.input["name"] for job in schedule_jobs(schedule)]
+    assert second.job_id != first.job_id
+    assert len(set(names)) == 2
+    assert Job.objects.get(pk=first.job_id).state == "completed"

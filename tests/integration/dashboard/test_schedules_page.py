@@ -109,7 +109,7 @@ def test_new__a_cron_schedule_with_json_input(client_for):
     assert "Schedule &#x27;nightly&#x27; added; first run" in response.content.decode()
     assert (schedule.operation, schedule.cron) == ("durable.noop", "30 3 * * *")
     assert schedule.interval is None
-    assert schedule.input == {"units": 2, "sleep": 0}  # checked by the operation, as at enqueue
+    assert schedule.input == {"units": 2}  # checked by the operation, stored as given
     assert schedule.time_zone == "Europe/Helsinki"
     assert (schedule.enabled, schedule.managed) == (True, False)
     assert schedule.next_run_at > timezone.now()
