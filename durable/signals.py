@@ -1,8 +1,11 @@
 """What the engine announces. ``recovery`` (or any app) subscribes; the engine never imports it.
 
-Every signal is sent after the transaction that caused it has committed, with
+Signals are sent after the transaction that caused them has committed, with
 ``send_robust``: a failing receiver is logged and can never undo or block the
-engine's own write. Arguments are plain values (ids, strings, JSON), never
+engine's own write. One exception is an outbox: ``durable.builtin.announce``
+sends ``recovery_event`` *inside* the transaction that marks the event sent
+(with ``must_record=True``), so the receivers' rows commit with that marker or
+not at all. Arguments are plain values (ids, strings, JSON), never
 model instances, so a receiver may run anywhere.
 """
 
@@ -33,7 +36,9 @@ job_needs_attention = Signal()
 # type (required, non-empty), severity ("info" | "warning" | "error"), detail,
 # db, source (default "worker"), done (True/False), deleted_data (bool),
 # job_id, operation, checkpoint, attempt, object_ids, object_titles.
-# Send with send_on_commit (inside the unit's transaction) or send_now.
+# Send with send_on_commit (inside the unit's transaction) or send_now. With
+# must_record=True (an outbox, inside its transaction) a receiver that cannot
+# write its rows must raise its DatabaseError instead of logging it.
 recovery_event = Signal()
 
 # A worker process finished restart recovery and is about to claim: worker_id, cold_start.

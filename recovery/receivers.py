@@ -234,11 +234,17 @@ _EVENT_ARGUMENTS = frozenset(
 )
 
 
-def on_recovery_event(sender: Any, *, type: str = "", **kwargs: Any) -> None:
-    """An operation's report (e.g. ``backup-created``); unknown arguments are ignored."""
+def on_recovery_event(
+    sender: Any, *, type: str = "", must_record: bool = False, **kwargs: Any
+) -> None:
+    """An operation's report (e.g. ``backup-created``); unknown arguments are ignored.
+
+    ``must_record``: the sender is an outbox whose marker commits with this row, so
+    a failed write must fail its transaction rather than be logged and lost.
+    """
     arguments = {name: value for name, value in kwargs.items() if name in _EVENT_ARGUMENTS}
     arguments.setdefault("source", "worker")
-    record_event(type, **arguments)
+    record_event(type, raise_errors=must_record, **arguments)
 
 
 def connect() -> None:

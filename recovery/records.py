@@ -75,10 +75,13 @@ def record_event(
     next_retry_at: datetime | None = None,
     reason: str = "",
     reclaimed: bool = False,
+    raise_errors: bool = False,
 ) -> RecoveryEvent | None:
     """Record one Recovery event; normalised exactly like a line of the JSONL file.
 
     Returns the row, or None if ``type`` is empty or the write failed (logged).
+    With ``raise_errors`` (an outbox recording inside its own transaction) a failed
+    write is raised instead, so the caller's transaction cannot commit without it.
     """
     try:
         fields = {
@@ -121,6 +124,8 @@ def record_event(
             row.save(force_insert=True)
         return row
     except Exception:
+        if raise_errors:
+            raise
         log.exception("could not record a recovery event", extra={"type": str(type)[:100]})
         return None
 

@@ -66,7 +66,8 @@ def send_in_transaction(**kwargs: Any) -> None:
     marker whose event never got written.
     """
     with transaction.atomic():
-        for receiver, result in signals.recovery_event.send_robust(sender="durable", **kwargs):
+        results = signals.recovery_event.send_robust(sender="durable", must_record=True, **kwargs)
+        for receiver, result in results:
             if isinstance(result, DatabaseError):
                 raise result
             if isinstance(result, Exception):
@@ -85,15 +86,16 @@ def announce(ctx: JobContext, key: str, type: str, **fields: Any) -> bool:
     the finding.
     """
     kwargs = event_kwargs(ctx, type, **fields)
-    try:
-        with transaction.atomic():
+    with transaction.atomic():
+        try:
             _, created = Announcement.objects.get_or_create(job_id=ctx.job_id, key=key[:200])
-            if created:
-                send_in_transaction(**kwargs)
-                # Crash tests: the event is written, its transaction not yet committed.
-                faults.reach("announce.before_commit")
-    except IntegrityError:
-        return False  # a concurrent insert of the same key: that one records it
+        except IntegrityError:
+            return False  # a concurrent insert of the same key: that one records it
+        if created:
+            # A receiver's IntegrityError is raised from here, not taken for the race.
+            send_in_transaction(**kwargs)
+            # Crash tests: the event is written, its transaction not yet committed.
+            faults.reach("announce.before_commit")
     if created:
         # Crash tests: marker and event are written (committed, unless the caller's
         # transaction is still open); the unit's checkpoint has not advanced.

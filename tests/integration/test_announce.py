@@ -77,3 +77,43 @@ def test_announce__a_receivers_other_error_is_logged_and_the_rest_still_record(c
         signals.recovery_event.disconnect(dispatch_uid="test.buggy")
     assert recorded(ctx) == (1, 1, 1)
     assert "recovery_event receiver failed" in caplog.text
+
+
+REFUSE_EVENTS = {
+    # A real database error from the Recovery table's own insert, not a stand-in.
+    "sqlite": [
+        "CREATE TRIGGER test_refuse_events BEFORE INSERT ON recovery_recoveryevent "
+        "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
+    ],
+    "postgresql": [
+        "CREATE FUNCTION test_refuse_events() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$",
+        "CREATE TRIGGER test_refuse_events BEFORE INSERT ON recovery_recoveryevent "
+        "FOR EACH ROW EXECUTE FUNCTION test_refuse_events()",
+    ],
+}
+ALLOW_EVENTS = {
+    "sqlite": ["DROP TRIGGER test_refuse_events"],
+    "postgresql": [
+        "DROP TRIGGER test_refuse_events ON recovery_recoveryevent",
+        "DROP FUNCTION test_refuse_events()",
+    ],
+}
+
+
+def test_announce__a_recovery_event_the_database_refuses_fails_the_announcement(ctx, caplog):
+    # record_event never raises for its ordinary callers; inside the outbox it must,
+    # or the marker would commit alone and the event would never be written.
+    with connection.cursor() as cursor:
+        for statement in REFUSE_EVENTS[connection.vendor]:
+            cursor.execute(statement)
+    try:
+        with pytest.raises(DatabaseError, match="refused by the test"):
+            announce(ctx, "k", "backup-created", detail="Backed up")
+    finally:
+        with connection.cursor() as cursor:
+            for statement in ALLOW_EVENTS[connection.vendor]:
+                cursor.execute(statement)
+    assert recorded(ctx) == (0, 0, 0)  # no marker without its event
+    assert announce(ctx, "k", "backup-created", detail="Backed up") is True
+    assert recorded(ctx)[:2] == (1, 1)
