@@ -417,6 +417,18 @@ def test_command__wait_imports_and_a_second_run_says_it_was_imported(tmp_path):
     assert len(imported()) == 2
 
 
+def test_command__run_again_while_the_import_is_unfinished_follows_that_job(tmp_path):
+    path = write(tmp_path, "export.csv", CSV)
+    out = io.StringIO()
+    call_command("import_recovery_events", path, stdout=out)
+    assert out.getvalue().startswith("enqueued job ")
+    (job,) = Job.objects.filter(operation="import.csv")
+    out = io.StringIO()
+    call_command("import_recovery_events", path, stdout=out)
+    assert out.getvalue().strip() == f"job {job.pk} is already doing this (queued); following it"
+    assert Job.objects.filter(operation="import.csv").count() == 1
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "csv"])
 def test_export_then_import__another_instance_gets_the_same_events(tmp_path, fmt):
     record_event("board-permanently-deleted", severity="warning", source="admin-panel",

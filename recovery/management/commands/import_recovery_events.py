@@ -7,8 +7,7 @@ import os
 
 from django.core.management.base import BaseCommand, CommandError
 
-from durable.errors import InputRejected
-from durable.jobs import enqueue
+from durable.builtin.cli import enqueue_or_follow
 from durable.management.progress import run_here
 from durable.models import Job, UnitResult
 
@@ -41,11 +40,10 @@ class Command(BaseCommand):
         data: dict[str, object] = {"path": path}
         if options["batch"] is not None:
             data["batch_records"] = options["batch"]
-        try:
-            job = enqueue(f"import.{fmt}", data, owner="cli")
-        except InputRejected as exc:
-            raise CommandError(str(exc)) from None
-        self.stdout.write(f"enqueued job {job.pk}: import {path} ({fmt})")
+        job = enqueue_or_follow(
+            f"import.{fmt}", data, owner="cli", out=self.stdout,
+            created_line=f"enqueued job {{pk}}: import {path} ({fmt})",
+        )  # fmt: skip
         if not options["wait"]:
             return
         job = run_here(job.pk, self.stdout)

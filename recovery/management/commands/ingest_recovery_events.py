@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import threading
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connection
 
 from durable.errors import InputRejected
-from durable.management.commands.enqueue_job import wait_for
+from durable.management.progress import run_here
 from durable.models import Job
-from durable.worker import Worker
 from recovery.operations import job_summary
 from recovery.policy import WEKAN_DIR_VARIABLES
 from recovery.receivers import configured_events_file, enqueue_ingest
@@ -57,30 +54,10 @@ class Command(BaseCommand):
             self.stdout.write(f"an import of {path} is already {job.state} as job {job.pk}")
         if not options["wait"]:
             return
-        job = self._run_here(job.pk)
+        job = run_here(job.pk, self.stdout)
         if job.state != "completed":
             raise CommandError(f"job {job.pk} ended {job.state}: {job.reason}")
         self.stdout.write(summary_line(job))
-
-    def _run_here(self, job_id: int) -> Job:
-        """Run the job in a thread (or wait for its worker) while showing its progress."""
-        failures: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                Worker(burst=True, poll_interval=0.2).run_job(job_id)
-            except BaseException as exc:  # reported below, in the main thread
-                failures.append(exc)
-            finally:
-                connection.close()
-
-        runner = threading.Thread(target=run, name="ingest", daemon=True)
-        runner.start()
-        job = wait_for(job_id, self.stdout, interval=0.2)
-        runner.join(timeout=30)
-        if failures:
-            raise CommandError(f"job {job_id} could not run here: {failures[0]}")
-        return job
 
 
 def summary_line(job: Job) -> str:
