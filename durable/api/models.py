@@ -26,7 +26,7 @@ class Client(models.Model):
     """A program allowed to use the API: a name, its scopes and the hash of its token."""
 
     name = models.CharField(max_length=100, unique=True)
-    scopes = models.JSONField(default=list, help_text="jobs:read, jobs:write")
+    scopes = models.JSONField(default=list, help_text="Any of: " + ", ".join(SCOPES))
     # Public part of the token ("dur_<prefix>_…"): finds the row by index.
     token_prefix = models.CharField(max_length=12, unique=True)
     token_hash = models.CharField(max_length=64, help_text="SHA-256 of the token, hex.")
@@ -69,7 +69,9 @@ class IdempotencyKey(models.Model):
 
     client = models.ForeignKey(Client, on_delete=models.CASCADE, related_name="+", db_index=False)
     key = models.CharField(max_length=255)
-    request_digest = models.CharField(max_length=64, help_text="SHA-256 of method, path, body.")
+    request_digest = models.CharField(
+        max_length=64, help_text="SHA-256 of method, path and the normalised submission."
+    )
     # NULL only inside the creating transaction, between the key and the job insert.
     job = models.ForeignKey(Job, on_delete=models.CASCADE, null=True, related_name="+")
     response_status = models.PositiveSmallIntegerField(default=0)
