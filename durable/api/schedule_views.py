@@ -21,14 +21,20 @@ from .auth import authorize_operation, authorize_schedule_change
 from .errors import FieldError, Refusal, invalid
 from .models import Client
 from .parse import (
-    MAX_ID,
-    encode_cursor,
     parse_schedule,
     parse_schedule_list_query,
     parse_schedule_patch,
 )
 from .render import occurrence_json, schedule_json, schedule_url
-from .views import endpoint, json_response, query_params, read_json_body
+from .views import (
+    endpoint,
+    json_response,
+    keyset_page,
+    no_content,
+    query_params,
+    read_json_body,
+    row_or_404,
+)
 
 log = logging.getLogger("durable.api")
 
@@ -40,12 +46,7 @@ SCHEDULE_LEVEL_FIELDS = frozenset({"cron", "interval", "time_zone", "catch_up", 
 
 
 def _schedule_or_404(schedule_id: int) -> Schedule:
-    schedule = None
-    if 0 < schedule_id <= MAX_ID:  # a larger id cannot exist and must not reach the database
-        schedule = Schedule.objects.filter(pk=schedule_id).first()
-    if schedule is None:
-        raise Refusal(404, "not_found", f"there is no schedule {schedule_id}")
-    return schedule
+    return row_or_404(Schedule.objects.all(), schedule_id, "schedule")
 
 
 def _exists(name: str) -> Refusal:
@@ -109,17 +110,9 @@ def list_schedules(request: HttpRequest) -> HttpResponse:
     rows = Schedule.objects.all()
     if query.operation is not None:
         rows = rows.filter(operation=query.operation)
-    if query.before_id is not None:
-        rows = rows.filter(pk__lt=query.before_id)
-    page = list(rows.order_by("-pk")[: query.limit + 1])
-    more = len(page) > query.limit
-    page = page[: query.limit]
-    cursor = encode_cursor(page[-1].pk) if more else None
-    next_url = None
-    if cursor is not None:
-        params = request.GET.copy()
-        params["cursor"] = cursor
-        next_url = f"{request.path}?{params.urlencode()}"
+    page, cursor, next_url = keyset_page(
+        request, rows, before_id=query.before_id, limit=query.limit
+    )
     return json_response(
         {
             "schedules": [schedule_json(schedule) for schedule in page],
@@ -157,6 +150,4 @@ def schedule_view(request: HttpRequest, client: Client, schedule_id: int) -> Htt
     if not remove_schedule(schedule.name):
         raise Refusal(404, "not_found", f"there is no schedule {schedule_id}")
     _log("schedule removed", schedule, client)
-    response = HttpResponse(status=204)
-    del response["Content-Type"]
-    return response
+    return no_content()
