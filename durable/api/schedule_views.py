@@ -18,7 +18,7 @@ from ..errors import InputRejected
 from ..schedules.models import Schedule
 from ..schedules.service import add_schedule, remove_schedule, set_enabled
 from .auth import authorize_operation, authorize_schedule_change
-from .errors import FieldError, Refusal, invalid
+from .errors import Refusal, rejected_input
 from .models import Client
 from .parse import (
     parse_schedule,
@@ -64,12 +64,6 @@ def _log(message: str, schedule: Schedule, client: Client) -> None:
     log.info(message, extra={"schedule": schedule.name, "id": schedule.pk, "actor": client.actor})
 
 
-def _input_field(field: str) -> str:
-    if field == "input" or field in SCHEDULE_LEVEL_FIELDS:
-        return field
-    return f"input.{field}"
-
-
 @endpoint({"GET": "schedules:read", "POST": "schedules:write"})
 def schedules_view(request: HttpRequest, client: Client) -> HttpResponse:
     if request.method == "POST":
@@ -99,7 +93,7 @@ def create_schedule(request: HttpRequest, client: Client) -> HttpResponse:
     except InputRejected as exc:
         if exc.field == "name" and Schedule.objects.filter(name=spec.name).exists():
             raise _exists(spec.name) from None  # created by someone else meanwhile
-        raise invalid([FieldError(_input_field(exc.field), exc.reason)]) from None
+        raise rejected_input(exc.field, exc.reason, SCHEDULE_LEVEL_FIELDS) from None
     _log("schedule added", schedule, client)
     return json_response(schedule_json(schedule), 201, {"Location": schedule_url(schedule.pk)})
 
