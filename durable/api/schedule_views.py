@@ -2,8 +2,9 @@
 
 Scopes ``schedules:read`` and ``schedules:write``; the schedule's operation
 obeys the rule a submission does (``auth.authorize_operation``), because every
-occurrence starts it: scheduling a privileged operation, or changing or
-removing a schedule of one, needs ``jobs:admin`` as well. Schedules are
+occurrence starts it: creating or enabling a schedule of a privileged
+operation needs ``jobs:admin`` as well. Disabling and removing one stop work
+and need no more than ``schedules:write``, as on the dashboard. Schedules are
 addressed by id, like jobs; their names stay unique (a second POST with a
 name already taken is ``409``, so retrying a create is safe).
 """
@@ -17,7 +18,7 @@ from django.http import HttpRequest, HttpResponse
 from ..errors import InputRejected
 from ..schedules.models import Schedule
 from ..schedules.service import add_schedule, remove_schedule, set_enabled
-from .auth import authorize_operation, authorize_schedule_change
+from .auth import authorize_operation, authorize_schedule_enable
 from .errors import Refusal, rejected_input
 from .models import Client
 from .parse import (
@@ -126,14 +127,14 @@ def schedule_view(request: HttpRequest, client: Client, schedule_id: int) -> Htt
         return json_response(body)
     if request.method == "PATCH":
         enabled = parse_schedule_patch(read_json_body(request))
-        authorize_schedule_change(request, client, schedule.operation)
+        if enabled:
+            authorize_schedule_enable(request, client, schedule.operation)
         try:
             schedule = set_enabled(schedule.name, enabled)
         except Schedule.DoesNotExist:
             raise Refusal(404, "not_found", f"there is no schedule {schedule_id}") from None
         _log("schedule enabled" if enabled else "schedule disabled", schedule, client)
         return json_response(schedule_json(schedule))
-    authorize_schedule_change(request, client, schedule.operation)
     if schedule.managed:
         raise Refusal(
             409,
