@@ -28,6 +28,15 @@ def db_now() -> Any:
     return Now() if connection.vendor == "postgresql" else timezone.now()
 
 
+def database_now() -> datetime:
+    """``now`` as a value, on the clock lease times are written with (see ``db_now``)."""
+    if connection.vendor != "postgresql":
+        return timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
+
+
 def in_callers_transaction(conn: Any = None) -> bool:
     """Whether ``conn`` (default: the default connection) is inside a transaction its
     caller opened.

@@ -29,7 +29,7 @@ from django.utils import timezone
 from .. import faults, signals
 from ..errors import DurableError, InputRejected
 from ..jobs import clean_job_input, enqueue
-from ..models import Job
+from ..models import Job, database_now
 from ..operations import get_operation, max_input_bytes, registered
 from ..policy import truncate_utf8
 from ..sanitize import clean_input
@@ -356,15 +356,6 @@ def remove_schedule(name: str) -> bool:
 
 
 # --- ticking ----------------------------------------------------------------------------------
-
-
-def database_now() -> datetime:
-    """The database server's clock on PostgreSQL (workers on several machines agree), else ours."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT clock_timestamp()")
-            return cursor.fetchone()[0]
-    return timezone.now()
 
 
 def due_sql(now: datetime | None = None) -> tuple[str, list[Any]]:
