@@ -590,6 +590,15 @@ def new_job(request: HttpRequest) -> HttpResponse:
         except (UnknownOperation, DurableError) as error:
             form.add_error(None, str(error))
         else:
+            if not job.created:
+                # The operation's unique key (one restore per database, one move per
+                # pair of storages…) returned the unfinished job: nothing was started.
+                messages.info(
+                    request,
+                    f"Job {job.pk} ({job.operation}) is already doing this ({job.state}); "
+                    "nothing new was started.",
+                )
+                return redirect("problems:job", job.pk)
             audit.record_action(
                 request,
                 audit.CREATED_EVENT,
