@@ -18,8 +18,9 @@ from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
 
-from .credentials import MIN_SECRET_LENGTH, secret_problem
+from .credentials import secret_problem
 from .errors import Unavailable
+from .policy import MIN_SECRET_CHARS
 
 
 class Credential(models.Model):
@@ -64,8 +65,8 @@ def decrypt(token: str, keys: Sequence[str] | None = None) -> str:
 
 def validate_secret(value: str) -> str:
     """What ``store`` accepts: what ``credentials.resolve`` would use unchanged."""
-    if len(value) < MIN_SECRET_LENGTH:
-        raise ValueError(f"a secret must be at least {MIN_SECRET_LENGTH} characters")
+    if len(value) < MIN_SECRET_CHARS:
+        raise ValueError(f"a secret must be at least {MIN_SECRET_CHARS} characters")
     if value != value.strip():
         raise ValueError("a secret must not start or end with whitespace")
     problem = secret_problem(value)

@@ -28,6 +28,7 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 
 from .errors import Unavailable
+from .policy import MIN_SECRET_CHARS
 
 DEFAULT_RESOLVERS = (
     "durable.credentials.from_settings",
@@ -54,7 +55,6 @@ def from_database(name: str) -> str | None:
     return lookup(name)
 
 
-MIN_SECRET_LENGTH = 4  # shorter values cannot be redacted (durable.policy.redact)
 MAX_SECRET_BYTES = 16 * 1024
 
 
@@ -63,8 +63,8 @@ def secret_problem(value: str) -> str | None:
 
     The reason never quotes the value.
     """
-    if len(value) < MIN_SECRET_LENGTH:
-        return f"it is shorter than {MIN_SECRET_LENGTH} characters (too short to redact)"
+    if len(value) < MIN_SECRET_CHARS:
+        return f"it is shorter than {MIN_SECRET_CHARS} characters (too short to redact)"
     if len(value.encode("utf-8", errors="replace")) > MAX_SECRET_BYTES:
         return f"it is longer than {MAX_SECRET_BYTES} bytes"
     for char in value:

@@ -22,7 +22,7 @@ from django.utils import timezone
 from . import signals
 from .errors import InputRejected
 from .models import Job, JobEvent
-from .operations import get_operation, max_input_bytes
+from .operations import Operation, get_operation, max_input_bytes
 from .policy import MAX_ERROR_MESSAGE_BYTES, truncate_utf8
 from .sanitize import clean_input
 from .states import Action, Decision, JobState, OnRestart, decide
@@ -124,6 +124,18 @@ def needs_attention(job: Job, cause: str, reason: str) -> None:
 # --- enqueue --------------------------------------------------------------------
 
 
+def clean_job_input(op: Operation, data: Any) -> dict[str, Any]:
+    """The input as ``enqueue`` stores it: safe JSON (no secrets, bounded), the
+    operation's own ``clean_input``, and safe again — it may have normalised it.
+
+    Also for whoever must know beforehand what ``enqueue`` will make of an input
+    (a schedule checking it, a command comparing it with an unfinished job's).
+    """
+    data = clean_input(data, max_bytes=max_input_bytes())
+    data = op.clean_input(data)
+    return clean_input(data, max_bytes=max_input_bytes())
+
+
 def enqueue(
     operation: str,
     input: dict[str, Any] | None = None,
@@ -149,10 +161,7 @@ def enqueue(
     happened); the database's partial unique index settles races between processes.
     """
     op = get_operation(operation)
-    data = clean_input(input, max_bytes=max_input_bytes())
-    data = op.clean_input(data)
-    # The operation may have normalised the input; it must still be safe.
-    data = clean_input(data, max_bytes=max_input_bytes())
+    data = clean_job_input(op, input)
     policy = OnRestart(on_restart or op.on_restart)
     prio = op.priority if priority is None else int(priority)
     if not -100 <= prio <= 100:

@@ -44,15 +44,6 @@ class Lease:
     epoch: int
 
 
-def database_now() -> datetime:
-    """``now`` as a value, on the clock that lease times are written with."""
-    if connection.vendor != "postgresql":
-        return timezone.now()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT clock_timestamp()")
-        return cursor.fetchone()[0]
-
-
 class _Dialect:
     """The only vendor branches of the engine: SQL for "now", "now + s", JSON, the claim lock."""
 

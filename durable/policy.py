@@ -51,14 +51,16 @@ def truncate_utf8(text: str, limit: int, *, keep: str = "head") -> str:
     return encoded[:room].decode("utf-8", errors="ignore") + TRUNCATION_MARK
 
 
-def redact(text: str, secrets: frozenset[str] | set[str]) -> str:
-    """Replace every known secret value in ``text``; short values are ignored.
+# Shorter values are never redacted (they would turn ordinary words into holes and
+# protect nothing), so every source of secrets refuses them (``credentials.resolve``).
+MIN_SECRET_CHARS = 4
 
-    Values under 4 characters would turn ordinary words into holes and protect
-    nothing, so the credential store refuses them in the first place.
-    """
+
+def redact(text: str, secrets: frozenset[str] | set[str]) -> str:
+    """Replace every known secret value in ``text``; values under ``MIN_SECRET_CHARS``
+    are ignored."""
     for secret in sorted(secrets, key=len, reverse=True):
-        if len(secret) >= 4:
+        if len(secret) >= MIN_SECRET_CHARS:
             text = text.replace(secret, "[redacted]")
     return text
 

@@ -28,8 +28,7 @@ from django.utils import timezone
 
 from . import signals
 from .jobs import add_events, announce_change, needs_attention
-from .lease import database_now
-from .models import Job, UnitResult, WorkerProcess, db_now
+from .models import Job, UnitResult, WorkerProcess, database_now, db_now
 from .policy import append_bounded, reclaim_delay, worker_alive
 from .states import LEASED_STATES, JobState, OnRestart, RestartOutcome, on_restart
 

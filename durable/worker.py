@@ -82,14 +82,18 @@ class Execution:
     finishing: bool = False
     observed_state: str = JobState.RUNNING
     lost: bool = False
-    # The current unit overran unit_timeout (when: time.monotonic()) and was asked to stop.
-    timed_out: bool = False
+    # When (time.monotonic()) the current unit overran unit_timeout and was asked to stop.
     overrun_at: float | None = None
     unit_key: str = ""
     committed: int = 0  # units this lease committed
     # False when the job had no unit results at claim: only this lease holder
     # can add any, so step 2's lookup can be skipped (one query less per unit).
     results_possible: bool = True
+
+    @property
+    def timed_out(self) -> bool:
+        """The current unit overran unit_timeout and was asked to stop."""
+        return self.overrun_at is not None
 
 
 @dataclass
@@ -401,7 +405,7 @@ class Worker:
     def _run_unit(self, execution: Execution, unit: Unit) -> None:
         ctx, op, lease = execution.ctx, execution.op, execution.lease
         check_payload(unit)
-        execution.timed_out, execution.overrun_at, execution.unit_key = False, None, unit.key
+        execution.overrun_at, execution.unit_key = None, unit.key
         execution.unit_started = time.monotonic()
         try:
             if op.atomic_units:
@@ -597,7 +601,7 @@ class Worker:
             return
         if time.monotonic() - started <= timeout:
             return
-        execution.timed_out, execution.overrun_at = True, time.monotonic()
+        execution.overrun_at = time.monotonic()
         execution.ctx.stop_requested.set()
         log.error(
             "unit exceeded unit_timeout; asking it to stop",

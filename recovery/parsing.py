@@ -18,7 +18,6 @@ with files of millions of lines.
 from __future__ import annotations
 
 import gc
-import ipaddress
 import json
 import zlib
 from collections import Counter
@@ -31,6 +30,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from durable.clientip import parse_address  # one reading of an address, for every source
 from durable.policy import truncate_utf8
 
 # --- limits and vocabulary ---------------------------------------------------------
@@ -159,23 +159,6 @@ def parse_bool(value: Any) -> bool | None:
         if lowered in _FALSE:
             return False
     return None
-
-
-def parse_address(value: Any) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """An IP address from text; IPv4-mapped IPv6 becomes IPv4, a zone id is dropped."""
-    if not isinstance(value, str):
-        return None
-    text = value.strip().strip("[]")
-    if not text or len(text) > 64:
-        return None
-    text = text.split("%", 1)[0]  # fe80::1%eth0: the zone means nothing to a reader elsewhere
-    try:
-        address = ipaddress.ip_address(text)
-    except ValueError:
-        return None
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    return address
 
 
 def split_addresses(*values: Any) -> tuple[str | None, str | None, int]:

@@ -4,7 +4,8 @@
 - where an ingest resumes in a file that may have grown, been truncated,
   rewritten, rotated or replaced since the last run (``verdict``, ``plan_start``),
   and the identity of the lines it imports (``file_tag``, ``line_key``);
-- the capped per-actor tally of a Security summary row (``tally``);
+- the capped per-actor tally of a Security summary row (``tally``: the rule the
+  SQL upsert in ``records`` implements, and is tested against);
 - the one-paragraph report of an ingest run (``ingest_report``).
 """
 

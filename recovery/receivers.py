@@ -3,14 +3,18 @@
 The engine never imports this app; ``RecoveryConfig.ready()`` connects these.
 Every receiver is best-effort: the signals are sent with ``send_robust`` after
 the engine's own transaction committed, and the record functions swallow
-their own errors, so nothing here can undo or block the engine.
+their own errors, so nothing here can undo or block the engine. One
+exception: ``recovery_event`` from an outbox (``durable.builtin.announce``,
+``must_record=True``) arrives *inside* the transaction that marks the event
+sent, and ``on_recovery_event`` then raises a failed write, so the marker
+never commits without its Recovery event.
 
 A worker that starts looks at ``recovery-events.jsonl`` at once and enqueues
 an ingest if the file changed since the last one. After that the
 ``recovery-ingest`` schedule (``recovery.schedules``) looks every
 ``RECOVERY_INGEST_INTERVAL`` seconds, once for all workers. Both go through
-``enqueue_ingest``, whose ``unique_key`` keeps it to one unfinished ingest
-per file however many ask.
+``enqueue_ingest``; the operation's ``unique_key`` keeps it to one unfinished
+ingest per file however many ask.
 """
 
 from __future__ import annotations

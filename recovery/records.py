@@ -23,6 +23,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from durable.models import in_callers_transaction
 from durable.policy import MAX_ERROR_MESSAGE_BYTES, truncate_utf8
 
 from .models import IngestCursor, IngestPath, RecoveryEvent, SecurityEvent
@@ -223,17 +224,6 @@ def record_security(
     except Exception:
         log.exception("could not record a security event", extra={"category": str(category)[:64]})
         return None
-
-
-def in_callers_transaction() -> bool:
-    """Inside a transaction the caller opened (the test runner's own wrapping ones aside).
-
-    The same test Django's ``atomic(durable=True)`` makes: a test case's
-    wrapping transaction stands for "no transaction" (it is rolled back only to
-    isolate tests), so tests see what production outside a transaction does.
-    """
-    blocks = connection.atomic_blocks if connection.in_atomic_block else []
-    return any(not getattr(block, "_from_testcase", False) for block in blocks)
 
 
 def _security_values(

@@ -152,12 +152,14 @@ def authorize_operation(request: HttpRequest, client: Client, name: str) -> Oper
     return operation
 
 
-def authorize_schedule_change(request: HttpRequest, client: Client, name: str) -> None:
-    """Enabling, disabling or removing a schedule of ``name`` needs what creating it did.
+def authorize_schedule_enable(request: HttpRequest, client: Client, name: str) -> None:
+    """Enabling a schedule of ``name`` starts its operation again: it needs what creating
+    it did (``may_start``). Disabling and removing stop work and need only
+    ``schedules:write`` — the dashboard's rule too.
 
-    ``DURABLE_API_OPERATIONS`` is not consulted: it limits what is started, and a
-    client may always stop what it may start. An operation that is no longer
-    registered needs ``jobs:admin``: nobody can tell any more what it was allowed.
+    ``DURABLE_API_OPERATIONS`` is not consulted (it decides what may be created).
+    An operation that is no longer registered needs ``jobs:admin``: nobody can
+    tell any more what it was allowed.
     """
     try:
         operation = get_operation(name)
@@ -169,7 +171,7 @@ def authorize_schedule_change(request: HttpRequest, client: Client, name: str) -
             "insufficient-scope",
             client=client,
             scope=ADMIN_SCOPE,
-            why=f"{name} is not a registered operation; changing its schedule needs the "
+            why=f"{name} is not a registered operation; enabling its schedule needs the "
             f"{ADMIN_SCOPE} scope",
         ) from None
     _check_access(request, client, operation)
@@ -179,7 +181,7 @@ def _check_access(request: HttpRequest, client: Client, operation: Operation) ->
     name = operation.name
     if may_start(operation, privileged=client.has_scope(ADMIN_SCOPE)):
         return
-    if operation.access == Access.SYSTEM:
+    if operation.access != Access.PRIVILEGED:  # SYSTEM, or a marking may_start does not know
         raise refuse(
             request,
             "operation-not-allowed",

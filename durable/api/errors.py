@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 
@@ -41,3 +41,14 @@ def invalid(
     errors: Sequence[FieldError], detail: str = "the request has invalid fields"
 ) -> Refusal:
     return Refusal(400, "invalid_request", detail, errors=errors)
+
+
+def rejected_input(field: str, reason: str, request_fields: Collection[str]) -> Refusal:
+    """An engine's ``InputRejected(field, reason)`` as a 400 naming the field as it was sent.
+
+    The engine names a field of the request itself (``priority``; a schedule's
+    ``cron``…) or of the operation's input; only the request's own fields, and
+    ``input`` as a whole, keep their name — anything else is ``input.<field>``.
+    """
+    name = field if field == "input" or field in request_fields else f"input.{field}"
+    return invalid([FieldError(name, reason)])

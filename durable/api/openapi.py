@@ -562,7 +562,9 @@ def _schedule_paths(base: str) -> dict[str, Any]:
             "patch": {
                 "operationId": "setScheduleEnabled",
                 "summary": "Enable or disable a schedule.",
-                "description": admin_note.strip(),
+                "description": "Enabling starts the operation again, so it obeys the rule "
+                "a submission does: never a system operation; a privileged one only with "
+                "`jobs:admin` too. Disabling needs `schedules:write` alone.",
                 "security": write,
                 "parameters": [SCHEDULE_ID],
                 "requestBody": {
@@ -580,7 +582,8 @@ def _schedule_paths(base: str) -> dict[str, Any]:
                 "operationId": "deleteSchedule",
                 "summary": "Delete a schedule and its occurrence records (not its jobs).",
                 "description": "A schedule the site manages from its settings cannot be "
-                "deleted (`409`); disable it." + admin_note,
+                "deleted (`409`); disable it. Deleting stops work: `schedules:write` "
+                "alone, whatever the operation.",
                 "security": write,
                 "parameters": [SCHEDULE_ID],
                 "responses": {

@@ -248,6 +248,15 @@ def _queue(value: Any, errors: list[FieldError]) -> str | None:
     return value
 
 
+def _operation(value: Any, errors: list[FieldError]) -> Any:
+    """The ``operation`` of a submission or a schedule: required, a name of bounded length."""
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_OPERATION_NAME:
+        errors.append(
+            FieldError("operation", f"required: a string of 1 to {MAX_OPERATION_NAME} characters")
+        )
+    return value
+
+
 def _unknown_fields(data: Mapping[str, Any], allowed: Sequence[str]) -> list[FieldError]:
     return [
         FieldError(name, f"unknown field; allowed: {', '.join(allowed)}")
@@ -259,11 +268,7 @@ def _unknown_fields(data: Mapping[str, Any], allowed: Sequence[str]) -> list[Fie
 def parse_submission(data: Mapping[str, Any]) -> Submission:
     """Check the fields of ``POST /jobs``; every problem is reported, not just the first."""
     errors = _unknown_fields(data, SUBMISSION_FIELDS)
-    operation = data.get("operation")
-    if not isinstance(operation, str) or not 0 < len(operation) <= MAX_OPERATION_NAME:
-        errors.append(
-            FieldError("operation", f"required: a string of 1 to {MAX_OPERATION_NAME} characters")
-        )
+    operation = _operation(data.get("operation"), errors)
     job_input = data.get("input", {})
     if job_input is None:
         job_input = {}
@@ -327,11 +332,7 @@ def parse_schedule(data: Mapping[str, Any]) -> ScheduleSpec:
     ):
         why = f"required: 1 to {MAX_SCHEDULE_NAME} characters, no tabs or newlines"
         errors.append(FieldError("name", why))
-    operation = data.get("operation")
-    if not isinstance(operation, str) or not 0 < len(operation) <= MAX_OPERATION_NAME:
-        errors.append(
-            FieldError("operation", f"required: a string of 1 to {MAX_OPERATION_NAME} characters")
-        )
+    operation = _operation(data.get("operation"), errors)
     cron = _optional(data, "cron", str, errors)
     interval = _optional(data, "interval", str, errors)
     every = None
@@ -456,6 +457,28 @@ def decode_cursor(cursor: str) -> int:
     return int(number)
 
 
+def _operation_filter(params: Mapping[str, Sequence[str]]) -> str | None:
+    """``?operation=``: one name of printable characters; empty means no filter."""
+    operation = _single(params, "operation", empty_is_absent=True)
+    if operation is not None and not (
+        len(operation) <= MAX_OPERATION_NAME and operation.isprintable()
+    ):
+        raise invalid(
+            [
+                FieldError(
+                    "query.operation", f"must be 1 to {MAX_OPERATION_NAME} printable characters"
+                )
+            ]
+        )
+    return operation
+
+
+def _cursor(params: Mapping[str, Sequence[str]]) -> int | None:
+    """``?cursor=``: the id a page continues below (``decode_cursor``); empty means none."""
+    cursor = _single(params, "cursor", empty_is_absent=True)
+    return decode_cursor(cursor) if cursor is not None else None
+
+
 @dataclass(frozen=True)
 class ListQuery:
     states: tuple[str, ...] = ()
@@ -483,19 +506,8 @@ def parse_list_query(params: Mapping[str, Sequence[str]]) -> ListQuery:
                 )
             if name not in states:
                 states.append(name)
-    operation = _single(params, "operation", empty_is_absent=True)
-    if operation is not None and not (
-        len(operation) <= MAX_OPERATION_NAME and operation.isprintable()
-    ):
-        raise invalid(
-            [
-                FieldError(
-                    "query.operation", f"must be 1 to {MAX_OPERATION_NAME} printable characters"
-                )
-            ]
-        )
-    cursor = _single(params, "cursor", empty_is_absent=True)
-    before_id = decode_cursor(cursor) if cursor is not None else None
+    operation = _operation_filter(params)
+    before_id = _cursor(params)
     return ListQuery(
         tuple(states), operation, before_id, _limit(params, LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT)
     )
@@ -511,19 +523,8 @@ class ScheduleListQuery:
 def parse_schedule_list_query(params: Mapping[str, Sequence[str]]) -> ScheduleListQuery:
     """``operation``, ``cursor``, ``limit``; empty ``operation`` or ``cursor``: absent."""
     _reject_unknown(params, ("operation", "cursor", "limit"))
-    operation = _single(params, "operation", empty_is_absent=True)
-    if operation is not None and not (
-        len(operation) <= MAX_OPERATION_NAME and operation.isprintable()
-    ):
-        raise invalid(
-            [
-                FieldError(
-                    "query.operation", f"must be 1 to {MAX_OPERATION_NAME} printable characters"
-                )
-            ]
-        )
-    cursor = _single(params, "cursor", empty_is_absent=True)
-    before_id = decode_cursor(cursor) if cursor is not None else None
+    operation = _operation_filter(params)
+    before_id = _cursor(params)
     return ScheduleListQuery(
         operation, before_id, _limit(params, LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT)
     )

@@ -2,8 +2,9 @@
 
 Scopes ``schedules:read`` and ``schedules:write``; the schedule's operation
 obeys the rule a submission does (``auth.authorize_operation``), because every
-occurrence starts it: scheduling a privileged operation, or changing or
-removing a schedule of one, needs ``jobs:admin`` as well. Schedules are
+occurrence starts it: creating or enabling a schedule of a privileged
+operation needs ``jobs:admin`` as well. Disabling and removing one stop work
+and need no more than ``schedules:write``, as on the dashboard. Schedules are
 addressed by id, like jobs; their names stay unique (a second POST with a
 name already taken is ``409``, so retrying a create is safe).
 """
@@ -17,18 +18,24 @@ from django.http import HttpRequest, HttpResponse
 from ..errors import InputRejected
 from ..schedules.models import Schedule
 from ..schedules.service import add_schedule, remove_schedule, set_enabled
-from .auth import authorize_operation, authorize_schedule_change
-from .errors import FieldError, Refusal, invalid
+from .auth import authorize_operation, authorize_schedule_enable
+from .errors import Refusal, rejected_input
 from .models import Client
 from .parse import (
-    MAX_ID,
-    encode_cursor,
     parse_schedule,
     parse_schedule_list_query,
     parse_schedule_patch,
 )
 from .render import occurrence_json, schedule_json, schedule_url
-from .views import endpoint, json_response, query_params, read_json_body
+from .views import (
+    endpoint,
+    json_response,
+    keyset_page,
+    no_content,
+    query_params,
+    read_json_body,
+    row_or_404,
+)
 
 log = logging.getLogger("durable.api")
 
@@ -40,12 +47,7 @@ SCHEDULE_LEVEL_FIELDS = frozenset({"cron", "interval", "time_zone", "catch_up", 
 
 
 def _schedule_or_404(schedule_id: int) -> Schedule:
-    schedule = None
-    if 0 < schedule_id <= MAX_ID:  # a larger id cannot exist and must not reach the database
-        schedule = Schedule.objects.filter(pk=schedule_id).first()
-    if schedule is None:
-        raise Refusal(404, "not_found", f"there is no schedule {schedule_id}")
-    return schedule
+    return row_or_404(Schedule.objects.all(), schedule_id, "schedule")
 
 
 def _exists(name: str) -> Refusal:
@@ -61,12 +63,6 @@ def _exists(name: str) -> Refusal:
 def _log(message: str, schedule: Schedule, client: Client) -> None:
     """Who changed which schedule: the service logs what changed, not who asked."""
     log.info(message, extra={"schedule": schedule.name, "id": schedule.pk, "actor": client.actor})
-
-
-def _input_field(field: str) -> str:
-    if field == "input" or field in SCHEDULE_LEVEL_FIELDS:
-        return field
-    return f"input.{field}"
 
 
 @endpoint({"GET": "schedules:read", "POST": "schedules:write"})
@@ -98,7 +94,7 @@ def create_schedule(request: HttpRequest, client: Client) -> HttpResponse:
     except InputRejected as exc:
         if exc.field == "name" and Schedule.objects.filter(name=spec.name).exists():
             raise _exists(spec.name) from None  # created by someone else meanwhile
-        raise invalid([FieldError(_input_field(exc.field), exc.reason)]) from None
+        raise rejected_input(exc.field, exc.reason, SCHEDULE_LEVEL_FIELDS) from None
     _log("schedule added", schedule, client)
     return json_response(schedule_json(schedule), 201, {"Location": schedule_url(schedule.pk)})
 
@@ -109,17 +105,9 @@ def list_schedules(request: HttpRequest) -> HttpResponse:
     rows = Schedule.objects.all()
     if query.operation is not None:
         rows = rows.filter(operation=query.operation)
-    if query.before_id is not None:
-        rows = rows.filter(pk__lt=query.before_id)
-    page = list(rows.order_by("-pk")[: query.limit + 1])
-    more = len(page) > query.limit
-    page = page[: query.limit]
-    cursor = encode_cursor(page[-1].pk) if more else None
-    next_url = None
-    if cursor is not None:
-        params = request.GET.copy()
-        params["cursor"] = cursor
-        next_url = f"{request.path}?{params.urlencode()}"
+    page, cursor, next_url = keyset_page(
+        request, rows, before_id=query.before_id, limit=query.limit
+    )
     return json_response(
         {
             "schedules": [schedule_json(schedule) for schedule in page],
@@ -139,14 +127,14 @@ def schedule_view(request: HttpRequest, client: Client, schedule_id: int) -> Htt
         return json_response(body)
     if request.method == "PATCH":
         enabled = parse_schedule_patch(read_json_body(request))
-        authorize_schedule_change(request, client, schedule.operation)
+        if enabled:
+            authorize_schedule_enable(request, client, schedule.operation)
         try:
             schedule = set_enabled(schedule.name, enabled)
         except Schedule.DoesNotExist:
             raise Refusal(404, "not_found", f"there is no schedule {schedule_id}") from None
         _log("schedule enabled" if enabled else "schedule disabled", schedule, client)
         return json_response(schedule_json(schedule))
-    authorize_schedule_change(request, client, schedule.operation)
     if schedule.managed:
         raise Refusal(
             409,
@@ -157,6 +145,4 @@ def schedule_view(request: HttpRequest, client: Client, schedule_id: int) -> Htt
     if not remove_schedule(schedule.name):
         raise Refusal(404, "not_found", f"there is no schedule {schedule_id}")
     _log("schedule removed", schedule, client)
-    response = HttpResponse(status=204)
-    del response["Content-Type"]
-    return response
+    return no_content()

@@ -19,7 +19,7 @@ from django.db import IntegrityError, transaction
 from ..errors import InputRejected
 from ..jobs import enqueue
 from ..models import Job
-from .errors import FieldError, Refusal, invalid
+from .errors import Refusal, rejected_input
 from .models import Client, IdempotencyKey
 from .parse import Submission
 from .render import dumps, job_json, job_url
@@ -35,12 +35,6 @@ class Reply:
     replayed: bool = False
 
 
-def _input_field(name: str) -> str:
-    if name in ("priority", "input"):
-        return name
-    return f"input.{name}"
-
-
 def _enqueue(client: Client, submission: Submission) -> Job:
     # The caller has checked that the client may start the operation (auth.authorize_operation).
     try:
@@ -53,7 +47,7 @@ def _enqueue(client: Client, submission: Submission) -> Job:
             on_restart=submission.on_restart,
         )
     except InputRejected as exc:
-        raise invalid([FieldError(_input_field(exc.field), exc.reason)]) from None
+        raise rejected_input(exc.field, exc.reason, ("priority",)) from None
 
 
 def _accepted(job: Job) -> Reply:

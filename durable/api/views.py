@@ -17,6 +17,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
@@ -153,15 +154,50 @@ def endpoint(scopes: dict[str, str | None]) -> Callable:
     return decorate
 
 
+def row_or_404(rows: QuerySet, pk: int, noun: str) -> Any:
+    """The row of ``rows`` with this id (or its values), or a 404 naming the ``noun``."""
+    # A larger id cannot exist and must not reach the database (BIGINT).
+    row = rows.filter(pk=pk).first() if 0 < pk <= MAX_ID else None
+    if row is None:
+        raise Refusal(404, "not_found", f"there is no {noun} {pk}")
+    return row
+
+
 def _job_or_404(job_id: int) -> Job:
-    job = Job.objects.filter(pk=job_id).first() if 0 < job_id <= MAX_ID else None
-    if job is None:
-        raise Refusal(404, "not_found", f"there is no job {job_id}")
-    return job
+    return row_or_404(Job.objects.all(), job_id, "job")
 
 
 def query_params(request: HttpRequest) -> dict[str, list[str]]:
     return dict(request.GET.lists())
+
+
+def keyset_page(
+    request: HttpRequest, rows: QuerySet, *, before_id: int | None, limit: int
+) -> tuple[list[Any], str | None, str | None]:
+    """One page of ``rows``, newest (highest id) first: (page, next_cursor, next URL).
+
+    Keyset pagination on the id, for jobs and schedules alike: page N costs what
+    page 1 costs, and rows added meanwhile never shift a page already handed out.
+    """
+    if before_id is not None:
+        rows = rows.filter(pk__lt=before_id)
+    page = list(rows.order_by("-pk")[: limit + 1])
+    more = len(page) > limit
+    page = page[:limit]
+    cursor = encode_cursor(page[-1].pk) if more else None
+    next_url = None
+    if cursor is not None:
+        params = request.GET.copy()
+        params["cursor"] = cursor
+        next_url = f"{request.path}?{params.urlencode()}"
+    return page, cursor, next_url
+
+
+def no_content() -> HttpResponse:
+    """204, without the Content-Type Django would add to an empty body."""
+    response = HttpResponse(status=204)
+    del response["Content-Type"]
+    return response
 
 
 # --- request bodies ---------------------------------------------------------------------
@@ -253,17 +289,9 @@ def list_jobs(request: HttpRequest) -> HttpResponse:
         rows = rows.filter(state__in=query.states)
     if query.operation is not None:
         rows = rows.filter(operation=query.operation)
-    if query.before_id is not None:
-        rows = rows.filter(pk__lt=query.before_id)
-    page = list(rows.order_by("-pk")[: query.limit + 1])
-    more = len(page) > query.limit
-    page = page[: query.limit]
-    cursor = encode_cursor(page[-1].pk) if more else None
-    next_url = None
-    if cursor is not None:
-        params = request.GET.copy()
-        params["cursor"] = cursor
-        next_url = f"{request.path}?{params.urlencode()}"
+    page, cursor, next_url = keyset_page(
+        request, rows, before_id=query.before_id, limit=query.limit
+    )
     return json_response(
         {"jobs": [job_json(job) for job in page], "next_cursor": cursor, "next": next_url}
     )
@@ -361,9 +389,7 @@ class HeldStream:
 def stream_events(job: Job, after: int) -> HttpResponse:
     if job.is_finished and after >= job.event_seq:
         # Nothing will ever follow: 204 tells an EventSource to stop reconnecting.
-        response = HttpResponse(status=204)
-        del response["Content-Type"]
-        return response
+        return no_content()
     limit = int(_setting("DURABLE_API_MAX_STREAMS", DEFAULT_MAX_STREAMS))
     if not STREAM_SLOTS.acquire(limit):
         raise Refusal(
@@ -436,11 +462,7 @@ def event_frames(job_id: int, after: int) -> Iterator[str]:
 def job_action_view(request: HttpRequest, client: Client, job_id: int, action: str) -> HttpResponse:
     if action not in ACTIONS:
         raise Refusal(404, "not_found", f"no action {action!r}; use {', '.join(ACTIONS)}")
-    owner = None
-    if 0 < job_id <= MAX_ID:  # a larger id cannot exist and must not reach the database
-        owner = Job.objects.filter(pk=job_id).values_list("owner", flat=True).first()
-    if owner is None:
-        raise Refusal(404, "not_found", f"there is no job {job_id}")
+    owner = row_or_404(Job.objects.values_list("owner", flat=True), job_id, "job")
     authorize_job_action(request, client, job_id, owner)  # the owner never changes
     outcome = ACTIONS[action](job_id, actor=client.actor)
     if outcome.refusal == "no such job":

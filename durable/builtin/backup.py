@@ -54,10 +54,10 @@ from . import backupdir, inputs
 from .announce import announce
 from .manifest import MANIFEST, SUMS, build_manifest, format_sums, part_name
 from .tables import (
-    MAX_DIGEST,
     TableDigest,
     TableSpec,
     batches,
+    combine,
     count_rows,
     migration_state,
     missing_tables,
@@ -398,7 +398,6 @@ class BackupDatabase(Operation):
                         f"staged file {result['file']} changed after it was written; "
                         "the storage is unreliable, start a new backup",
                     )
-            total = sum(int(result["digest"], 16) for result in ordered) % MAX_DIGEST
             spec = specs[label]
             tables.append(
                 {
@@ -406,7 +405,7 @@ class BackupDatabase(Operation):
                     "table": spec.table,
                     "columns": spec.columns,
                     "pk": spec.pk.attname,
-                    "digest": f"{total:064x}",
+                    "digest": combine(ordered).hexdigest(),
                 }
             )
             listed[label] = [

@@ -22,23 +22,15 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from ..errors import InputRejected, UnknownOperation
-from ..jobs import enqueue
+from ..jobs import clean_job_input, enqueue
 from ..management.progress import follow, run_here
 from ..models import Job, UnitResult
-from ..operations import get_operation, max_input_bytes
-from ..sanitize import clean_input
+from ..operations import get_operation
 
 
 def split_list(values: list[str] | None) -> list[str]:
     """``--exclude a --exclude b,c`` -> ["a", "b", "c"]."""
     return [item.strip() for value in values or [] for item in value.split(",") if item.strip()]
-
-
-def cleaned(operation: str, data: dict[str, Any]) -> dict[str, Any]:
-    """The input as ``enqueue`` stores it (the same cleaning, in the same order)."""
-    op = get_operation(operation)
-    limit = max_input_bytes()
-    return clean_input(op.clean_input(clean_input(data, max_bytes=limit)), max_bytes=limit)
 
 
 def enqueue_or_follow(
@@ -54,7 +46,7 @@ def enqueue_or_follow(
         out.write(line.format(pk=job.pk, operation=job.operation))
         return job
     try:
-        wanted = cleaned(operation, data)
+        wanted = clean_job_input(get_operation(operation), dict(data))
     except InputRejected:
         wanted = None  # e.g. a backup name now taken by the unfinished job's own publish
     if job.operation != operation or (wanted is not None and job.input != wanted):

@@ -298,7 +298,9 @@ class MoveFiles(Operation):
     )
     max_attempts = 5
     backoff_base, backoff_max = 5.0, 600.0
-    unit_timeout = 3600.0
+    # No unit_timeout: a unit is one file, and copying a large one over a slow link may
+    # take hours. Past a timeout the worker process would exit (status 70) and the
+    # attempt be spent, every attempt again: the file could never be moved.
     input_form = MoveFilesForm
     # It deletes the sources and writes into any configured storage.
     access = Access.PRIVILEGED

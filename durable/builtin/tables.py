@@ -103,6 +103,11 @@ class TableDigest:
             MAX_DIGEST
         )
 
+    def merge(self, rows: int, total: int) -> None:
+        """Add another part's count and sum (the parts hold disjoint rows)."""
+        self.rows += rows
+        self.total = (self.total + total) % MAX_DIGEST
+
     def hexdigest(self) -> str:
         return f"{self.total:064x}"
 
@@ -450,8 +455,7 @@ def digest_keys(spec: TableSpec, alias: str, keys: Sequence[Any], chunk: int = 5
     for start in range(0, len(decoded), chunk):
         rows = _rows(spec, alias).filter(pk__in=decoded[start : start + chunk])
         part = digest_rows(rows.values_list(*spec.columns))
-        digest.rows += part.rows
-        digest.total = (digest.total + part.total) % MAX_DIGEST
+        digest.merge(part.rows, part.total)
     return digest
 
 
@@ -459,21 +463,12 @@ def combine(digests: Iterable[Mapping[str, Any]]) -> TableDigest:
     """Batches' ``{"rows", "digest"}`` added up: the digest of the whole table."""
     total = TableDigest()
     for part in digests:
-        total.rows += int(part["rows"])
-        total.total = (total.total + int(part["digest"], 16)) % MAX_DIGEST
+        total.merge(int(part["rows"]), int(part["digest"], 16))
     return total
 
 
 def count_rows(spec: TableSpec, alias: str) -> int:
     return spec.model._base_manager.using(alias).count()
-
-
-def digest_table(spec: TableSpec, alias: str, chunk: int = 2000) -> TableDigest:
-    """Stream the table in chunks (bounded memory) into a ``TableDigest``."""
-    digest = TableDigest()
-    for row in _rows(spec, alias).values_list(*spec.columns).iterator(chunk_size=chunk):
-        digest.add(row_bytes([encode_value(v) for v in row]))
-    return digest
 
 
 # --- writing ------------------------------------------------------------------------------

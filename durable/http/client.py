@@ -28,6 +28,7 @@ from django.db import connections
 from django.utils import timezone
 
 from .. import signals
+from ..models import in_callers_transaction
 from ..policy import truncate_utf8
 from . import gates, network
 from .config import ProviderConfig, provider_config
@@ -89,13 +90,10 @@ def open_transaction() -> str | None:
     A request made there would hold the provider gate's row lock (PostgreSQL) or
     SQLite's write lock for the whole exchange, keep its in-flight slot invisible
     to other workers, and lose the SSRF refusal it records when the transaction
-    rolls back. The atomic blocks a Django ``TestCase`` wraps around each test
-    are marked ``_from_testcase`` and are not the caller's.
+    rolls back. (A test case's own wrapping transaction does not count.)
     """
     for conn in connections.all(initialized_only=True):
-        if conn.in_atomic_block and any(
-            not getattr(block, "_from_testcase", False) for block in conn.atomic_blocks
-        ):
+        if in_callers_transaction(conn):
             return conn.alias
     return None
 

@@ -37,6 +37,7 @@ from datetime import datetime, timedelta
 from django.db import DatabaseError, IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 
+from ..models import database_now
 from . import network
 from .config import ProviderConfig
 from .errors import GateClosed
@@ -131,15 +132,6 @@ class GatePass:
     started_at: datetime
 
 
-def _database_now() -> datetime:
-    """The clock every machine agrees on: PostgreSQL's; on SQLite (one machine) the process's."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT clock_timestamp()")
-            return cursor.fetchone()[0]
-    return timezone.now()
-
-
 def _locked_gate(provider: str) -> ProviderGate:
     gate = ProviderGate.objects.select_for_update().filter(provider=provider).first()
     if gate is not None:
@@ -175,7 +167,7 @@ def _acquire(config: ProviderConfig, *, holder: str, wait: float) -> GatePass:
                     "SELECT set_config('lock_timeout', %s, true)", [f"{int(wait * 1000)}ms"]
                 )
         gate = _locked_gate(config.name)
-        now = _database_now()
+        now = database_now()
         live = GateSlot.objects.filter(provider=config.name)
         live.filter(expires_at__lt=now).delete()
         in_flight = live.count() if config.max_in_flight else 0

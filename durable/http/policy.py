@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.utils.http import parse_http_date
 
-from ..policy import backoff_delay, redact, truncate_utf8
+from ..policy import MIN_SECRET_CHARS, backoff_delay, redact, truncate_utf8
 from ..sanitize import looks_like_credential_key
 
 # --- classification ----------------------------------------------------------------
@@ -317,7 +317,6 @@ def full_jitter(
 # --- what may be shown -----------------------------------------------------------------
 
 EXCERPT_BYTES = 300
-MIN_SECRET_CHARS = 4  # what ``durable.policy.redact`` can protect; shorter values are refused
 
 
 def _drop_secret_start(text: str, secrets: Iterable[str]) -> str:

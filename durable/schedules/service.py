@@ -28,8 +28,8 @@ from django.utils import timezone
 
 from .. import faults, signals
 from ..errors import DurableError, InputRejected
-from ..jobs import enqueue
-from ..models import Job
+from ..jobs import clean_job_input, enqueue
+from ..models import Job, database_now
 from ..operations import get_operation, max_input_bytes, registered
 from ..policy import truncate_utf8
 from ..sanitize import clean_input
@@ -138,9 +138,7 @@ def enqueue_occurrence(due: Due) -> Job:
 def _operation_key(due: Due) -> str | None:
     """The operation's own unique key for this input, cleaned as ``enqueue`` will clean it."""
     op = get_operation(due.operation)
-    limit = max_input_bytes()
-    data = op.clean_input(clean_input(due.input, max_bytes=limit))
-    return op.unique_key(clean_input(data, max_bytes=limit))
+    return op.unique_key(clean_job_input(op, dict(due.input)))
 
 
 def _unfinished_job_of(schedule_id: int) -> Job | None:
@@ -164,7 +162,7 @@ def _check_input(operation: str, data: Any) -> dict[str, Any]:
         # Checked now, stored as given: what the operation fills in by itself (a
         # backup's time-stamped name) is filled in afresh for every occurrence's job;
         # frozen here, every occurrence after the first would ask for the same name.
-        clean_input(get_operation(operation).clean_input(dict(data)), max_bytes=max_input_bytes())
+        clean_job_input(get_operation(operation), dict(data))
     return clean_input(data, max_bytes=max_input_bytes())
 
 
@@ -358,15 +356,6 @@ def remove_schedule(name: str) -> bool:
 
 
 # --- ticking ----------------------------------------------------------------------------------
-
-
-def database_now() -> datetime:
-    """The database server's clock on PostgreSQL (workers on several machines agree), else ours."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT clock_timestamp()")
-            return cursor.fetchone()[0]
-    return timezone.now()
 
 
 def due_sql(now: datetime | None = None) -> tuple[str, list[Any]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from django import forms
@@ -530,24 +531,48 @@ def refuse_operation(
     return render(request, template, context, status=403)
 
 
-@staff_required
-def new_job(request: HttpRequest) -> HttpResponse:
-    """Only the operations this user may start are listed, and only they are accepted."""
-    if not can_add(request.user):
-        return refuse(request, "no-permission:add", "You may not start jobs.")
+@dataclass(frozen=True)
+class Chosen:
+    """The operation a form page is for, and the page's context so far."""
+
+    name: str
+    operation: Any
+    context: dict[str, Any]
+
+
+def choose_operation(request: HttpRequest, section: str, template: str) -> Chosen | HttpResponse:
+    """The operation asked for (``?operation=``, or the POSTed one) among those this user
+    may start — New job and New schedule alike.
+
+    Anything else is answered here: no choice or an unknown name, the page with the
+    list (and a message); an operation this user may not start, 403 with the reason,
+    counted in Security (``refuse_operation``).
+    """
     everything = dict(sorted(registered().items()))
     available = startable(request.user, everything)
     source = request.POST if request.method == "POST" else request.GET
     name = source.get("operation") or ""
     operation = available.get(name)
-    context = page_context(request, "new", operations=available, chosen=name if operation else "")
-    if operation is None:
-        if name in everything:
-            refusal = start_refusal(request.user, everything[name]) or rights.SYSTEM_REFUSAL
-            return refuse_operation(request, name, refusal, "problems/new_job.html", context)
-        if name:
-            messages.error(request, f"There is no operation named {name[:100]!r}.")
-        return render(request, "problems/new_job.html", context)
+    context = page_context(request, section, operations=available, chosen=name if operation else "")
+    if operation is not None:
+        return Chosen(name, operation, context)
+    if name in everything:
+        refusal = start_refusal(request.user, everything[name]) or rights.SYSTEM_REFUSAL
+        return refuse_operation(request, name, refusal, template, context)
+    if name:
+        messages.error(request, f"There is no operation named {name[:100]!r}.")
+    return render(request, template, context)
+
+
+@staff_required
+def new_job(request: HttpRequest) -> HttpResponse:
+    """Only the operations this user may start are listed, and only they are accepted."""
+    if not can_add(request.user):
+        return refuse(request, "no-permission:add", "You may not start jobs.")
+    chosen = choose_operation(request, "new", "problems/new_job.html")
+    if isinstance(chosen, HttpResponse):
+        return chosen
+    name, operation, context = chosen.name, chosen.operation, chosen.context
     bound = request.method == "POST"
     form = _input_form(operation, request.POST if bound else None)
     options = OptionsForm(request.POST if bound else None, prefix="job")
@@ -565,6 +590,15 @@ def new_job(request: HttpRequest) -> HttpResponse:
         except (UnknownOperation, DurableError) as error:
             form.add_error(None, str(error))
         else:
+            if not job.created:
+                # The operation's unique key (one restore per database, one move per
+                # pair of storages…) returned the unfinished job: nothing was started.
+                messages.info(
+                    request,
+                    f"Job {job.pk} ({job.operation}) is already doing this ({job.state}); "
+                    "nothing new was started.",
+                )
+                return redirect("problems:job", job.pk)
             audit.record_action(
                 request,
                 audit.CREATED_EVENT,

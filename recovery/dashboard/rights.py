@@ -91,8 +91,7 @@ def start_refusal(perms: Set[str], operation: Operation) -> str | None:
     the reason for the message: the operation is the site's own, or it needs
     ``start_privileged_job``.
     """
-    if operation.access not in (Access.ANYONE, Access.PRIVILEGED):
-        return SYSTEM_REFUSAL  # SYSTEM, or a marking this code does not know: closed
     if may_start(operation, privileged=PRIVILEGED_PERMISSION in perms):
         return None
+    # SYSTEM, or a marking may_start does not know: closed, as the site's own.
     return PRIVILEGED_REFUSAL if operation.access == Access.PRIVILEGED else SYSTEM_REFUSAL

@@ -34,10 +34,9 @@ from .access import (
     refuse,
     staff_required,
     start_refusal,
-    startable,
     viewer_of,
 )
-from .jobs import JsonInputForm, _input_form, _job_input, refusal_text, refuse_operation
+from .jobs import JsonInputForm, _input_form, _job_input, choose_operation, refusal_text
 from .listing import Listing
 from .query import Filter, parse_table_query, window
 from .views import page_context, table_fragment, wants_fragment
@@ -269,21 +268,10 @@ def new_schedule(request: HttpRequest) -> HttpResponse:
     """Pick an operation (only those this user may start), then its input and the timing."""
     if not can_change_schedules(request.user, "add"):
         return refuse(request, "no-permission:schedule-add", REFUSALS["add"])
-    everything = dict(sorted(registered().items()))
-    available = startable(request.user, everything)
-    source = request.POST if request.method == "POST" else request.GET
-    name = source.get("operation") or ""
-    operation = available.get(name)
-    context = page_context(
-        request, "schedules", operations=available, chosen=name if operation else ""
-    )
-    if operation is None:
-        if name in everything:
-            refusal = start_refusal(request.user, everything[name]) or "system"
-            return refuse_operation(request, name, refusal, "problems/new_schedule.html", context)
-        if name:
-            messages.error(request, f"There is no operation named {name[:100]!r}.")
-        return render(request, "problems/new_schedule.html", context)
+    chosen = choose_operation(request, "schedules", "problems/new_schedule.html")
+    if isinstance(chosen, HttpResponse):
+        return chosen
+    name, operation, context = chosen.name, chosen.operation, chosen.context
     bound = request.method == "POST"
     form = _input_form(operation, request.POST if bound else None)
     schedule_form = ScheduleForm(request.POST if bound else None, prefix="schedule")

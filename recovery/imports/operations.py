@@ -43,6 +43,7 @@ from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
+from durable.builtin.inputs import bounded_key
 from durable.errors import InputRejected, NonRetryable, Unavailable
 from durable.models import Job
 from durable.operations import Access, JobContext, Operation, Unit, register
@@ -144,10 +145,7 @@ class ImportEvents(Operation):
 
     def unique_key(self, data: dict[str, Any]) -> str:
         """One unfinished import per path (either format): ``--wait`` again follows it."""
-        key = f"import:{data['path']}"
-        if len(key) <= 255:
-            return key
-        return f"import:sha256:{hashlib.sha256(key.encode('utf-8', 'surrogateescape')).hexdigest()}"
+        return bounded_key(f"import:{data['path']}")
 
     atomic_units = True  # its only side effects are rows in this database
     max_attempts = 5

@@ -27,6 +27,7 @@ from durable.models import Job
 from durable.operations import Access, get_operation
 from durable.schedules.models import Schedule
 from durable.schedules.service import add_schedule, tick
+from recovery.models import RecoveryEvent
 
 from .dataset import TEST_EXCLUDE
 
@@ -129,6 +130,10 @@ def test_dashboard__new_job_returns_the_unfinished_copy_instead_of_a_second(plac
     assert response.status_code == 302, response.content.decode()[:2000]
     assert response["Location"] == reverse("problems:job", args=[first.pk])
     assert Job.objects.filter(operation="db.copy").count() == 1
+    # Said so, and not audited as a job this user started.
+    page = web.get(response["Location"]).content.decode()
+    assert f"Job {first.pk} (db.copy) is already doing this" in page
+    assert not RecoveryEvent.objects.filter(type="job-created").exists()
 
 
 def test_api__a_second_submission_gets_the_unfinished_restore(places):

@@ -17,6 +17,7 @@ from durable import jobs
 from durable.models import Job
 from recovery import records
 from recovery.models import SecurityEvent
+from recovery.policy import MAX_ACTORS, tally
 from recovery.records import record_security
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -184,3 +185,27 @@ def test_upsert__a_flood_of_one_kind_draws_no_id_per_refusal():
     ids = sorted(SecurityEvent.objects.values_list("pk", flat=True))
     # An INSERT … ON CONFLICT per call would use a sequence value each time (PostgreSQL).
     assert ids[1] - ids[0] == 1
+
+
+def test_upsert__the_sql_tally_is_policy_tally():
+    """The capped tallies are computed in SQL; ``recovery.policy.tally`` states the rule.
+
+    The same actors through both — repeats, the anonymous, past the cap, and
+    known ones again after it: the row holds what folding ``tally`` gives, so
+    the pure, table-tested rule and the upsert cannot drift apart.
+    """
+    users = [f"user{n % 7}" for n in range(10)] + [f"u{n}" for n in range(MAX_ACTORS + 5)]
+    users += ["", "user3", "u0", f"u{MAX_ACTORS + 2}"]
+    addresses = [f"198.51.100.{n % 60}" for n in range(len(users))]
+    expected_users, expected_addresses, users_over, addresses_over = {}, {}, 0, 0
+    for user, address in zip(users, addresses, strict=True):
+        record_security(**KIND, username=user, ip=address)
+        expected_users, extra = tally(expected_users, user)
+        users_over += extra
+        expected_addresses, extra = tally(expected_addresses, address)
+        addresses_over += extra
+    row = SecurityEvent.objects.get()
+    assert (row.users, row.users_overflow) == (expected_users, users_over)
+    assert (row.addresses, row.addresses_overflow) == (expected_addresses, addresses_over)
+    assert users_over > 0  # the cap was reached
+    assert addresses_over > 0

@@ -164,3 +164,11 @@ def test_iter_names__does_not_follow_directory_symlinks(tmp_path):
     os.symlink(tmp_path / "real", tmp_path / "loop")
     os.symlink(tmp_path, tmp_path / "real" / "up")  # a cycle, if followed
     assert list(iter_names(FileSystemStorage(location=tmp_path))) == ["real/f"]
+
+
+def test_move__has_no_unit_timeout_a_large_file_would_never_finish_under():
+    # unit_timeout ends the worker process once a unit overruns it (exit 70, the
+    # attempt spent): one file per unit, a copy that takes longer could never succeed.
+    from durable.operations import get_operation
+
+    assert get_operation("files.move").unit_timeout is None

@@ -6,9 +6,9 @@ import argparse
 
 from django.core.management.base import BaseCommand, CommandError
 
+from durable.clientip import parse_address
 from recovery.models import Severity
 from recovery.notify import publish_recorded
-from recovery.parsing import parse_address
 from recovery.records import record_event
 
 

@@ -1054,3 +1054,15 @@ def test_create_api_client__rotate_replaces_the_token_and_lifts_a_revocation(cap
     assert new not in listing
     with pytest.raises(CommandError):
         call_command("revoke_api_client", "nobody")
+
+
+def test_submit__an_operation_with_an_unknown_access_marking_is_never_started(
+    api, make_client, monkeypatch
+):
+    # What the dashboard does (rights.start_refusal): closed, not "privileged".
+    force_access(monkeypatch, "test.rows", "mystery")
+    _, admin = make_client("ops", ("jobs:write", "jobs:admin"))
+    refused = submit(api, {"operation": "test.rows"}, token=admin)
+    assert refused.status_code == 403
+    assert refused.json()["code"] == "operation_not_allowed"
+    assert not Job.objects.exists()

@@ -272,7 +272,7 @@ def test_scopes__each_method_needs_its_own(api, make_client):
     assert Schedule.objects.count() == 1
 
 
-def test_access__a_privileged_operation_needs_jobs_admin_to_schedule_or_change(
+def test_access__a_privileged_operation_needs_jobs_admin_to_schedule_or_enable(
     scheduler, admin, api
 ):
     body = {**NIGHTLY, "operation": "test.one_per_target", "input": {"target": "a"}}
@@ -281,28 +281,40 @@ def test_access__a_privileged_operation_needs_jobs_admin_to_schedule_or_change(
     assert refused.json()["code"] == "insufficient_scope"
     assert 'scope="jobs:admin"' in refused.headers["WWW-Authenticate"]
     assert not Schedule.objects.exists()
-    schedule_id = create(admin, body).json()["id"]
-    # Only an admin may switch it on or off, or remove it.
-    assert patch(scheduler, schedule_id, {"enabled": False}).status_code == 403
-    assert scheduler.delete(f"/api/schedules/{schedule_id}").status_code == 403
-    assert Schedule.objects.get().enabled is True
+    schedule_id = create(admin, {**body, "enabled": False}).json()["id"]
+    # Switching it on starts the operation: only an admin may.
+    refused = patch(scheduler, schedule_id, {"enabled": True})
+    assert refused.status_code == 403
+    assert 'scope="jobs:admin"' in refused.headers["WWW-Authenticate"]
+    assert Schedule.objects.get().enabled is False
     assert scheduler.get(f"/api/schedules/{schedule_id}").status_code == 200  # reading is fine
-    assert patch(admin, schedule_id, {"enabled": False}).status_code == 200
-    assert admin.delete(f"/api/schedules/{schedule_id}").status_code == 204
+    assert patch(admin, schedule_id, {"enabled": True}).status_code == 200
+    # Switching it off, or removing it, stops work: schedules:write is enough (the
+    # dashboard's rule: change_schedule / delete_schedule, whatever the operation).
+    assert patch(scheduler, schedule_id, {"enabled": False}).status_code == 200
+    assert scheduler.delete(f"/api/schedules/{schedule_id}").status_code == 204
+    assert not Schedule.objects.exists()
 
 
-def test_access__a_system_operation_is_never_scheduled_or_changed(scheduler, admin, monkeypatch):
+def test_access__a_system_operation_is_never_scheduled_or_enabled(scheduler, admin, monkeypatch):
     monkeypatch.setattr(type(get_operation("test.rows")), "access", Access.SYSTEM)
     refused = create(admin, {**NIGHTLY, "operation": "test.rows"})
     assert refused.status_code == 403
     assert refused.json()["code"] == "operation_not_allowed"
     site = ensure_schedule("site-deliveries", "test.rows", every=timedelta(minutes=1))
-    assert patch(admin, site.pk, {"enabled": False}).status_code == 403
-    assert Schedule.objects.get().enabled is True
+    assert patch(admin, site.pk, {"enabled": False}).status_code == 200  # stopping is fine
+    refused = patch(admin, site.pk, {"enabled": True})
+    assert refused.status_code == 403
+    assert refused.json()["code"] == "operation_not_allowed"
+    assert Schedule.objects.get().enabled is False
 
 
-def test_access__a_schedule_of_an_unregistered_operation_needs_jobs_admin(scheduler, admin):
-    schedule_id = create(scheduler, NIGHTLY).json()["id"]
+def test_access__a_schedule_of_an_unregistered_operation_needs_jobs_admin_to_enable(
+    scheduler, admin
+):
+    schedule_id = create(scheduler, {**NIGHTLY, "enabled": False}).json()["id"]
     Schedule.objects.filter(pk=schedule_id).update(operation="removed.operation")
-    assert scheduler.delete(f"/api/schedules/{schedule_id}").status_code == 403
-    assert admin.delete(f"/api/schedules/{schedule_id}").status_code == 204
+    assert patch(scheduler, schedule_id, {"enabled": True}).status_code == 403
+    assert patch(admin, schedule_id, {"enabled": True}).status_code == 200
+    assert patch(scheduler, schedule_id, {"enabled": False}).status_code == 200
+    assert scheduler.delete(f"/api/schedules/{schedule_id}").status_code == 204
