@@ -23,12 +23,21 @@ setup: $(STAMP)
 	$(BIN)/python manage.py collectstatic --noinput --verbosity 0
 
 # Starts one worker process and gunicorn (settings: gunicorn.conf.py); Ctrl-C stops both
-# (the worker gracefully).
+# (the worker gracefully). A worker that dies (a crash, SIGKILL, exit 70 after a hung unit)
+# is started again after 2 s, as a service manager would; its jobs resume from their
+# checkpoints. A worker that stopped cleanly (exit 0) is not restarted.
 run: setup
 	$(BIN)/python manage.py ensure_admin
 	@echo "Problems dashboard: http://$(BIND)/problems/  (admin site: /admin/; stop with Ctrl-C)"
 	@trap 'kill -TERM $$worker 2>/dev/null; wait $$worker' EXIT INT TERM; \
-	$(BIN)/python manage.py runworker $(WORKER_ARGS) & worker=$$!; \
+	( trap 'stop=1; kill -TERM $$child 2>/dev/null' TERM; stop=; \
+	  while :; do \
+	    $(BIN)/python manage.py runworker $(WORKER_ARGS) & child=$$!; \
+	    while kill -0 $$child 2>/dev/null; do wait $$child; rc=$$?; done; \
+	    if [ -n "$$stop" ] || [ "$$rc" = 0 ]; then exit 0; fi; \
+	    echo "make run: the worker exited with status $$rc; starting another in 2 s" >&2; \
+	    sleep 2; [ -z "$$stop" ] || exit 0; \
+	  done ) & worker=$$!; \
 	$(BIN)/gunicorn -c gunicorn.conf.py recovery.wsgi --bind $(BIND) \
 		--workers $(WEB_WORKERS) --threads $(WEB_THREADS)
 
