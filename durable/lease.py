@@ -236,6 +236,7 @@ def claim(
         sql = (
             f"UPDATE {d.table} SET state = 'running', lease_owner = %s, "
             f"lease_expires_at = {d.later_sql}, lease_epoch = lease_epoch + 1, "
+            f"units_at_claim = units_done, "  # a death after progress spends no attempt
             f"started_at = COALESCE(started_at, %s), updated_at = %s, "
             f"event_seq = event_seq + 1 "
             f"WHERE id = ({pick}) AND state = 'queued' RETURNING id, lease_epoch, event_seq"
