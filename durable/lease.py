@@ -27,6 +27,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.utils import timezone
 
+from . import turns
 from .errors import LeaseLost, NonRetryable
 from .jobs import add_events, announce_change, log_state, needs_attention
 from .models import Job, JobEvent, UnitResult
@@ -446,7 +447,8 @@ def _commit_direct(conn: Any, d: _Dialect, bind: Any) -> tuple | None:
                 params, result = bind()
                 cursor.execute(d.commit_one_sql, params + result)
                 return cursor.fetchone()
-            cursor.execute("BEGIN IMMEDIATE")
+            with turns.waiting(conn):  # others give way to us (durable.turns)
+                cursor.execute("BEGIN IMMEDIATE")
             try:
                 params, result = bind()
                 cursor.execute(d.commit_sql, params)
