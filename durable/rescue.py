@@ -11,6 +11,12 @@ A lease is reclaimable when it expired, or — without waiting — when its
 owner ran in this same process space (same boot, same PID namespace) and
 that process no longer exists. A stopped-but-alive process (SIGSTOP) keeps
 its job until the lease expires; fencing then makes its late writes no-ops.
+On SQLite an expired lease is still not reclaimable while its owner's process
+runs on this machine and pulses (see "liveness judged by the holder's
+process" below): there, a renewal may wait for the write lock past its lease.
+
+A worker lost after its lease committed units spends no attempt
+(``states.worker_lost_spends_attempt``); its death is recorded all the same.
 """
 
 from __future__ import annotations
@@ -92,10 +98,14 @@ def _gone_here(worker: WorkerProcess) -> bool:
 
 
 def any_worker_alive(now: datetime) -> bool:
-    """Is some registered worker still running? Each is judged by its own lease."""
+    """Is some registered worker still running? Each is judged by its own lease — or,
+    on SQLite, by its pulse: its heartbeat may be waiting for the write lock."""
     candidates = WorkerProcess.objects.not_stopped(now, LIVENESS_HORIZON)
     return any(
-        worker_alive(heartbeat_at=w.heartbeat_at, lease_seconds=w.lease_seconds, now=now)
+        (
+            worker_alive(heartbeat_at=w.heartbeat_at, lease_seconds=w.lease_seconds, now=now)
+            or _pulsing_here(w)
+        )
         and not _gone_here(w)
         for w in candidates
     )
@@ -162,8 +172,9 @@ def mark_stopped(worker_id: str) -> None:
 # instead: while it exists and its pulse — a file it touches every third of its
 # lease from a thread that never touches the database, so no lock can delay it —
 # is fresh, its jobs are not taken back, however late its renewals are. A
-# stopped (SIGSTOP) or frozen process stops pulsing and is judged by its lease
-# again; one whose PID is gone is taken back at once. Fencing is unchanged.
+# stopped (SIGSTOP) process is judged by its lease again, a frozen one once its
+# pulse is a lease old; one whose PID is gone is taken back at once. Fencing
+# is unchanged.
 
 
 def pulse_path(worker_id: str) -> Path | None:

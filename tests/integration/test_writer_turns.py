@@ -105,6 +105,31 @@ def test_pulse__a_live_local_holder_keeps_its_expired_lease_until_its_pulse_is_o
         rescue.stop_pulse("alive-here")
 
 
+@SQLITE_ONLY
+def test_pulse__a_pulsing_worker_with_a_late_heartbeat_is_no_cold_start():
+    """Its heartbeat is two leases late (stuck behind the write lock, say), but it
+    pulses: a worker starting now is not a cold start and fails no left-over job."""
+    left = jobs.enqueue("test.rows", {}, on_restart="fail")
+    Job.objects.filter(pk=left.pk).update(created_at=timezone.now() - timedelta(minutes=5))
+    WorkerProcess.objects.create(
+        worker_id="alive-here",
+        hostname="h",
+        pid=os.getpid(),
+        host_key=rescue.host_key(),
+        lease_seconds=1.0,
+        heartbeat_at=timezone.now() - timedelta(minutes=1),
+    )
+    rescue.pulse("alive-here")
+    try:
+        report = rescue.recover_at_startup(
+            "fresh", queues=["default"], concurrency=1, lease_seconds=1.0
+        )
+    finally:
+        rescue.stop_pulse("alive-here")
+    assert not report.cold_start
+    assert Job.objects.get(pk=left.pk).state == "queued"
+
+
 def test_atomic_units_back_to_back__a_long_unit_elsewhere_keeps_its_job(workers, tmp_path):
     """One worker runs short atomic units back to back; two others share a long ordinary
     unit with a short lease. The long unit runs once, nobody is reclaimed, no attempt is
