@@ -20,5 +20,6 @@ class DurableConfig(AppConfig):
         connect_receivers()
 
         from .schedules import ticking
+        from .tasks import operation as _tasks  # noqa: F401 - django.task: runworker runs tasks
 
         ticking.connect()  # every worker ticks the schedules (durable.schedules)
