@@ -177,13 +177,9 @@ class TaskOperation(Operation):
         except ModuleNotFoundError as exc:
             if not policy.missing_code(path, exc.name):
                 raise  # the task's module imports something absent: an ordinary failure
-            self._missing(
-                ctx, path, f"cannot import {path!r}: {exc}", backend.task_options.code_wait
-            )
+            self._missing(ctx, f"cannot import {path!r}: {exc}", backend.task_options.code_wait)
         except ImportError as exc:  # the module is there, the function is not (yet)
-            self._missing(
-                ctx, path, f"cannot import {path!r}: {exc}", backend.task_options.code_wait
-            )
+            self._missing(ctx, f"cannot import {path!r}: {exc}", backend.task_options.code_wait)
         except TypeError as exc:
             raise NonRetryable(str(exc)) from None
         return backend, task
