@@ -18,6 +18,10 @@ class TaskCancelled(Exception):
     """The last error of a task cancelled from the dashboard, the API or a command."""
 
 
+class WorkerLost(Exception):
+    """The error of an attempt whose worker stopped mid-task (crash, SIGKILL, power loss)."""
+
+
 def __getattr__(name: str) -> Any:
     if name == "DurableBackend":
         from .backend import DurableBackend
@@ -26,4 +30,12 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["DurableBackend", "TaskCancelled", "astep", "expect_steps", "step", "task_options"]
+__all__ = [
+    "DurableBackend",
+    "TaskCancelled",
+    "WorkerLost",
+    "astep",
+    "expect_steps",
+    "step",
+    "task_options",
+]

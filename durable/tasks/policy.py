@@ -42,9 +42,15 @@ def task_status(state: str) -> str:
     return STATUS_OF_STATE[JobState(state)]
 
 
+# Failures the engine records by a bare name that is no builtin (restart recovery's).
+ENGINE_ERRORS = {"WorkerLost": "durable.tasks.WorkerLost"}
+
+
 def exception_path(error_class: str) -> str:
     """A dotted class path ``import_string`` resolves: the engine writes builtins bare."""
-    return error_class if "." in error_class else f"builtins.{error_class}"
+    if "." in error_class:
+        return error_class
+    return ENGINE_ERRORS.get(error_class, f"builtins.{error_class}")
 
 
 def task_errors(errors: Iterable[Mapping[str, Any]], *, state: str, reason: str) -> list[dict]:
