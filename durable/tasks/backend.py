@@ -32,6 +32,9 @@ from .compat import (
 )
 from .policy import RETURN_KEY, TASK_OPERATION
 
+# The events a result is read from: runs (started, rescheduled) and who cancelled.
+TASK_EVENTS = ("started", "rescheduled", "cancel_requested", "cancelled")
+
 
 class DurableBackend(BaseTaskBackend):
     """``TASKS = {"default": {"BACKEND": "durable.tasks.DurableBackend", "QUEUES": [...],
@@ -131,7 +134,7 @@ class DurableBackend(BaseTaskBackend):
         )
         if events is None:
             events = list(
-                job.events.filter(kind__in=("started", "rescheduled"))
+                job.events.filter(kind__in=TASK_EVENTS)
                 .order_by("seq")
                 .values_list("kind", "data", "created_at")
             )
@@ -157,7 +160,11 @@ class DurableBackend(BaseTaskBackend):
             backend=data.get("backend", self.alias),
             errors=[
                 TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"])
-                for e in policy.task_errors(job.errors or [], state=job.state, reason=job.reason)
+                for e in policy.task_errors(
+                    job.errors or [],
+                    state=job.state,
+                    reason=policy.cancel_reason(events, job.reason),
+                )
             ],
             worker_ids=[run.worker_id for run in runs],
         )

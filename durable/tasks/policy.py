@@ -102,6 +102,18 @@ def task_runs(events: Iterable[tuple[str, Mapping[str, Any], datetime]]) -> list
     return runs
 
 
+def cancel_reason(events: Iterable[tuple[str, Mapping[str, Any], datetime]], reason: str) -> str:
+    """Who cancelled: a running task's cancel is requested by one person and completed
+    by its worker, so the job's reason may not name them; the request's event does."""
+    actor = ""
+    for kind, data, _at in events:
+        if kind in ("cancel_requested", "cancelled") and data.get("actor"):
+            actor = str(data["actor"])
+    if actor and actor not in reason:
+        return f"cancelled by {actor}"
+    return reason or "cancelled"
+
+
 def step_key(name: str) -> str:
     if not isinstance(name, str) or not name:
         raise ValueError("a step needs a non-empty string name")

@@ -84,22 +84,27 @@ def not_json() -> Any:
     return {1, 2}
 
 
-def _work(path: str, index: int, sleep_at: int, sleep: float) -> int:
+def _work(path: str, index: int, hold_at: int) -> int:
     append(path, f"begin {index}")
-    if index == sleep_at:
-        time.sleep(sleep)
+    hold = Path(path + ".hold")
+    deadline = time.monotonic() + 60
+    while index == hold_at and hold.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)  # held until the test removes the file (or kills the worker)
     append(path, f"done {index}")
     return index * 10
 
 
 @task
 @task_options(backoff_base=0)
-def stepped(path: str, steps: int = 3, sleep_at: int = -1, sleep: float = 0.0) -> int:
-    """Step ``i`` writes ``begin i`` then ``done i``; the total is the sum of their results."""
+def stepped(path: str, steps: int = 3, hold_at: int = -1) -> int:
+    """Step ``i`` writes ``begin i`` then ``done i``; the total is the sum of their results.
+
+    Step ``hold_at`` waits between the two while ``<path>.hold`` exists.
+    """
     expect_steps(steps)
     total = 0
     for index in range(steps):
-        total += step(f"part:{index}", _work, path, index, sleep_at, sleep)
+        total += step(f"part:{index}", _work, path, index, hold_at)
     return total
 
 
@@ -117,7 +122,7 @@ async def stepped_async(path: str, steps: int = 2) -> list:
 @task_options(max_attempts=3, backoff_base=0)
 def fails_after_step(path: str) -> str:
     """Step one succeeds; the body then fails once (while ``path``.fail exists)."""
-    first = step("one", _work, path, 1, -1, 0.0)
+    first = step("one", _work, path, 1, -1)
     marker = Path(path + ".fail")
     if marker.exists():
         marker.unlink()

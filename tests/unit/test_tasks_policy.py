@@ -8,6 +8,7 @@ import pytest
 
 from durable.tasks.policy import (
     TaskOptions,
+    cancel_reason,
     exception_path,
     is_non_retryable,
     missing_code,
@@ -75,6 +76,17 @@ def test_task_errors__one_per_attempt_and_a_cancel_adds_task_cancelled():
             "message": "cancelled by alice",
         }
     ]
+
+
+def test_cancel_reason__names_who_asked_even_when_the_worker_finished_the_cancel():
+    events = [
+        ("started", {"worker": "w1"}, T0),
+        ("cancel_requested", {"actor": "alice"}, T0),
+        ("cancelled", {}, T0),  # written by the worker at the step boundary
+    ]
+    assert cancel_reason(events, "cancelled") == "cancelled by alice"
+    assert cancel_reason([], "cancelled by bob") == "cancelled by bob"
+    assert cancel_reason([], "") == "cancelled"
 
 
 def test_task_runs__a_turned_away_claim_is_no_run():
