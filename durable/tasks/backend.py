@@ -17,7 +17,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from .. import jobs
-from ..models import Job, UnitResult
+from ..models import Job, JobEvent, UnitResult
 from ..states import FINISHED_STATES, JobState
 from . import policy
 from .compat import (
@@ -111,6 +111,32 @@ class DurableBackend(BaseTaskBackend):
         if job is None:
             raise TaskResultDoesNotExist(result_id)
         return self.result_of(job, task=task)
+
+    def running_result(self, job_id: int, data: dict, task: Any) -> TaskResult:
+        """The result a worker hands ``task_started`` and the task's context: one query.
+
+        The claim wrote a ``started`` event, so the events joined to their job
+        carry everything a RUNNING result shows.
+        """
+        fields = ("kind", "data", "created_at", "job__created_at", "job__priority", "job__queue")
+        rows = list(
+            JobEvent.objects.filter(job_id=job_id, kind__in=TASK_EVENTS)
+            .order_by("seq")
+            .values_list(*fields, "job__errors")
+        )
+        if not rows:  # pragma: no cover - a claimed task always has its started event
+            return self.get_result(str(job_id), task=task)
+        _kind, _data, _at, created_at, priority, queue, errors = rows[0]
+        job = Job(
+            pk=job_id,
+            input=data,
+            state=JobState.RUNNING,
+            created_at=created_at,
+            priority=priority,
+            queue=queue,
+            errors=errors or [],
+        )
+        return self.result_of(job, task=task, events=[row[:3] for row in rows])
 
     def result_of(
         self, job: Job, *, task: Any = None, events: list[tuple] | None = None

@@ -10,8 +10,10 @@ with a clear error.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -33,6 +35,8 @@ from .policy import RETURN_KEY, STEP_PREFIX, TASK_OPERATION
 log = logging.getLogger("durable.tasks")
 
 CODE_RETRY_SECONDS = (20.0, 40.0)  # a worker without the code looks again in this window
+# Per worker thread: the task that just returned (job id, running result, value).
+_last = threading.local()
 
 
 class TaskAborted(Exception):
@@ -139,7 +143,8 @@ class TaskOperation(Operation):
                     job_id=ctx.job_id, key__startswith=STEP_PREFIX
                 ).values_list("key", "result")
             )
-        result = backend.get_result(str(ctx.job_id), task=task)
+        _last.finished = None
+        result = backend.running_result(ctx.job_id, ctx.input, task)
         task_started.send(type(backend), task_result=result)
         run = TaskRun(ctx, Lease(ctx.job_id, ctx.worker_id, ctx.lease_epoch), done)
         token = _current.set(run)
@@ -161,6 +166,8 @@ class TaskOperation(Operation):
             value = normalize_json(value)
         except (TypeError, ValueError) as exc:
             raise NonRetryable(f"the task returned a value JSON cannot hold: {exc}") from exc
+        # For task_finished once the job completes in this thread (_announce_finished).
+        _last.finished = (ctx.job_id, result, value)
         unit.checkpoint.update(steps_done=run.position, steps_total=run.total)
         if run.total is not None:
             ctx.units_total = ctx.units_done + 1  # the return is one unit more than the steps
@@ -219,8 +226,20 @@ def _announce_finished(sender: Any, *, job_id: int, operation: str, **kwargs: An
         JobState.CANCELLED,
     ):
         return
-    from .compat import task_finished
+    from .compat import TaskResultStatus, task_finished
 
+    cached, _last.finished = getattr(_last, "finished", None), None
+    if cached is not None and cached[0] == job_id and kwargs["new_state"] == JobState.COMPLETED:
+        # Completed by this thread just after the task returned: its running result
+        # and return value are at hand; only the finish time is new.
+        _id, running, value = cached
+        finished_at = Job.objects.filter(pk=job_id).values_list("finished_at", flat=True).first()
+        result = dataclasses.replace(
+            running, status=TaskResultStatus.SUCCESSFUL, finished_at=finished_at
+        )
+        object.__setattr__(result, "_return_value", value)
+        task_finished.send(type(running.task.get_backend()), task_result=result)
+        return
     try:
         job = Job.objects.get(pk=job_id)
         backend = backend_for(job.input.get("backend", "default"))

@@ -60,13 +60,22 @@ def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
+class Seen(list):
+    """(signal, result id, status) per framework signal; ``results`` keeps the TaskResults."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.results: list = []
+
+
 @pytest.fixture
 def signals_seen():
-    seen: list[tuple[str, str, str]] = []
+    seen = Seen()
 
     def receiver(name):
         def record(sender, task_result, **kwargs):
             seen.append((name, task_result.id, task_result.status))
+            seen.results.append(task_result)
 
         return record
 
@@ -174,6 +183,14 @@ def test_status__ready_running_successful_with_signals(
         ("started", result.id, TaskResultStatus.RUNNING),
         ("finished", result.id, TaskResultStatus.SUCCESSFUL),
     ]
+    running, finished = signals_seen.results[1:]
+    assert running.worker_ids == ["test-worker"]
+    assert running.started_at is not None
+    assert running.finished_at is None
+    assert finished.return_value == 3
+    assert finished.finished_at is not None
+    assert finished.worker_ids == ["test-worker"]
+    assert finished.finished_at >= finished.started_at >= finished.enqueued_at
 
 
 def test_status__failed_attempts_each_leave_an_error_then_failed(
