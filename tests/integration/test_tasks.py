@@ -222,16 +222,16 @@ def test_status__failed_attempts_each_leave_an_error_then_failed(
 
 
 def test_status__between_attempts_the_task_is_ready_again_with_its_error():
-    result = tasks.fail.using(backend="default").enqueue("later")
+    result = tasks.fail.enqueue("later")
     Job.objects.filter(pk=int(result.id)).update(max_attempts=5)
-    with override_settings():
-        worker = Worker(worker_id="w1", burst=True)
-        lease_job = claim("w1", queues=["default"], operations=[TASK_OPERATION], lease_seconds=30)
-        worker.execute(*lease_job)
+    worker = Worker(worker_id="w1", burst=True)
+    claimed = claim("w1", queues=["default"], operations=[TASK_OPERATION], lease_seconds=30)
+    worker.execute(*claimed)  # one attempt only
     result.refresh()
     assert result.status == TaskResultStatus.READY
     assert [e.exception_class_path for e in result.errors] == ["builtins.ValueError"]
     assert result.finished_at is None
+    assert result.worker_ids == ["w1"]
 
 
 # --- arguments and return values -------------------------------------------------------
