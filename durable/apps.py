@@ -27,5 +27,6 @@ class DurableConfig(AppConfig):
         connection_created.connect(install, dispatch_uid="durable.turns")
 
         from .schedules import ticking
+        from .tasks import operation as _tasks  # noqa: F401 - django.task: runworker runs tasks
 
         ticking.connect()  # every worker ticks the schedules (durable.schedules)

@@ -73,7 +73,13 @@ def error_entry(
     now: datetime,
     secrets: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
-    """One bounded, secret-free record of a failed attempt."""
+    """One bounded, secret-free record of a failed attempt.
+
+    An exception with a ``stands_for`` attribute is recorded as that one: a
+    wrapper that carries a policy decision (retry at, give up) for an exception
+    the worker cannot raise itself (a task's SystemExit) must not hide its class.
+    """
+    exc = getattr(exc, "stands_for", None) or exc
     cls = type(exc)
     name = (
         cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"

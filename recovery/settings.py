@@ -12,6 +12,7 @@ import secrets
 from pathlib import Path
 
 import dj_database_url
+import django
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -69,6 +70,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_htmx",
+    # Django's Tasks framework: the django-tasks backport on Django 5.2 (its signals'
+    # logging and system checks); Django 6 has it built in, as django.tasks.
+    *(["django_tasks"] if django.VERSION < (6,) else []),
     "durable",
     "recovery",
 ]
@@ -190,6 +194,16 @@ DURABLE_LEASE_SECONDS = float(os.environ.get("DURABLE_LEASE_SECONDS", "30"))
 DURABLE_POLL_INTERVAL = float(os.environ.get("DURABLE_POLL_INTERVAL", "1"))
 DURABLE_GRACE_SECONDS = float(os.environ.get("DURABLE_GRACE_SECONDS", "25"))
 DURABLE_MAX_INPUT_BYTES = int(os.environ.get("DURABLE_MAX_INPUT_BYTES", str(64 * 1024)))
+
+# Django's Tasks framework runs on the engine: every task.enqueue() is a durable job
+# (README: "Django tasks"). TASKS_QUEUES: comma-separated queue names tasks may use.
+TASKS = {
+    "default": {
+        "BACKEND": "durable.tasks.DurableBackend",
+        "QUEUES": env_list("TASKS_QUEUES", "default"),
+        "OPTIONS": {"MAX_ATTEMPTS": int(os.environ.get("TASKS_MAX_ATTEMPTS", "3"))},
+    }
+}
 
 # --- The job API (durable.api, mounted at /api/) ------------------------------
 

@@ -89,3 +89,21 @@ DURABLE_RETENTION = "off"
 # autorefresh also keeps WhiteNoise from warning that var/staticfiles is missing.
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = True
+
+# Django tasks on the engine, with the queues and a second alias the task tests use.
+TASKS = {
+    "default": {
+        "BACKEND": "durable.tasks.DurableBackend",
+        "QUEUES": ["default", "emails", "low"],
+        "OPTIONS": {"MAX_ATTEMPTS": 3, "BACKOFF_BASE": 0},
+    },
+    "patient": {
+        "BACKEND": "durable.tasks.DurableBackend",
+        "QUEUES": [],
+        "OPTIONS": {
+            "MAX_ATTEMPTS": 1,
+            "ON_RESTART": "retry",
+            "NON_RETRYABLE": ["builtins.LookupError"],
+        },
+    },
+}

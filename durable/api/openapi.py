@@ -47,6 +47,11 @@ JOB_FIELDS = [
     "max_attempts", "next_attempt_at", "last_error", "reason", "error_code",
     "last_event_seq", "created_at", "updated_at", "started_at", "finished_at",
 ]  # fmt: skip
+TASK_RESULT_FIELDS = [
+    "id", "task", "backend", "status", "finished", "queue", "priority", "args", "kwargs",
+    "has_return_value", "return_value", "errors", "worker_ids", "attempts", "steps_done",
+    "steps_total", "enqueued_at", "started_at", "last_attempted_at", "finished_at",
+]  # fmt: skip
 
 SCHEMAS: dict[str, Any] = {
     "Problem": {
@@ -160,6 +165,46 @@ SCHEMAS: dict[str, Any] = {
             "created_at": TIMESTAMP,
             "updated_at": TIMESTAMP,
             "started_at": NULLABLE_TIMESTAMP,
+            "finished_at": NULLABLE_TIMESTAMP,
+        },
+    },
+    "TaskResult": {
+        "type": "object",
+        "description": "A Django task's result, as Django's TaskResult has it; the job's "
+        "id is the result id. Error tracebacks stay on the dashboard.",
+        "required": TASK_RESULT_FIELDS,
+        "properties": {
+            "id": {"type": "string", "pattern": "^[1-9][0-9]*$"},
+            "task": {"type": "string", "description": "The task function's dotted path."},
+            "backend": {"type": "string", "description": "The TASKS alias."},
+            "status": {"type": "string", "enum": ["READY", "RUNNING", "SUCCESSFUL", "FAILED"]},
+            "finished": {"type": "boolean"},
+            "queue": {"type": "string"},
+            "priority": {"type": "integer"},
+            "args": {"type": "array"},
+            "kwargs": {"type": "object"},
+            "has_return_value": {"type": "boolean"},
+            "return_value": {"description": "JSON; null unless SUCCESSFUL (or returned null)."},
+            "errors": {
+                "type": "array",
+                "description": "One per failed attempt, oldest first; a cancelled task "
+                "ends with durable.tasks.TaskCancelled.",
+                "items": {
+                    "type": "object",
+                    "required": ["exception_class_path", "message"],
+                    "properties": {
+                        "exception_class_path": {"type": "string"},
+                        "message": {"type": "string"},
+                    },
+                },
+            },
+            "worker_ids": {"type": "array", "items": {"type": "string"}},
+            "attempts": {"type": "integer", "minimum": 0, "description": "Runs started."},
+            "steps_done": _nullable("integer", minimum=0),
+            "steps_total": _nullable("integer", minimum=0),
+            "enqueued_at": TIMESTAMP,
+            "started_at": NULLABLE_TIMESTAMP,
+            "last_attempted_at": NULLABLE_TIMESTAMP,
             "finished_at": NULLABLE_TIMESTAMP,
         },
     },
@@ -694,6 +739,19 @@ def build_document(prefix: str = "/api/") -> dict[str, Any]:
                     "200": _json("The job.", "Job"),
                     **AUTH_PROBLEMS,
                     "404": _problem("No such job."),
+                },
+            }
+        },
+        f"{base}/jobs/{{job_id}}/result": {
+            "get": {
+                "operationId": "getTaskResult",
+                "summary": "A Django task's result: status, return value, errors, workers.",
+                "security": [{"bearer": ["jobs:read"]}],
+                "parameters": [JOB_ID],
+                "responses": {
+                    "200": _json("The task result.", "TaskResult"),
+                    **AUTH_PROBLEMS,
+                    "404": _problem("No such job, or the job is not a Django task."),
                 },
             }
         },

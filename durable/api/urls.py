@@ -10,6 +10,7 @@ urlpatterns = [
     path("jobs", views.jobs_view, name="jobs"),
     path("jobs/<int:job_id>", views.job_view, name="job"),
     path("jobs/<int:job_id>/events", views.job_events_view, name="job-events"),
+    path("jobs/<int:job_id>/result", views.job_result_view, name="job-result"),
     path("jobs/<int:job_id>/<str:action>", views.job_action_view, name="job-action"),
     path("schedules", schedule_views.schedules_view, name="schedules"),
     path("schedules/<int:schedule_id>", schedule_views.schedule_view, name="schedule"),

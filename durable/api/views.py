@@ -25,6 +25,7 @@ from django.views.decorators.csrf import csrf_exempt
 from .. import jobs
 from ..models import Job, JobEvent
 from ..states import FINISHED_STATES, Action
+from ..tasks.describe import task_result_json
 from .auth import authenticate, authorize_job_action, authorize_operation
 from .errors import FieldError, Refusal, invalid
 from .models import Client
@@ -300,6 +301,15 @@ def list_jobs(request: HttpRequest) -> HttpResponse:
 @endpoint({"GET": "jobs:read"})
 def job_view(request: HttpRequest, client: Client | None, job_id: int) -> HttpResponse:
     return json_response(job_json(_job_or_404(job_id)))
+
+
+@endpoint({"GET": "jobs:read"})
+def job_result_view(request: HttpRequest, client: Client | None, job_id: int) -> HttpResponse:
+    """A Django task's result (status, return value, errors), read from its job."""
+    found = task_result_json(_job_or_404(job_id))
+    if found is None:
+        raise Refusal(404, "not_a_task", f"job {job_id} is not a Django task")
+    return json_response(found)
 
 
 @endpoint({"GET": "jobs:read"})

@@ -32,6 +32,7 @@ from durable.errors import DurableError, InputRejected, UnknownOperation
 from durable.models import Job
 from durable.operations import registered
 from durable.states import JobState, OnRestart
+from durable.tasks.describe import task_detail, task_summary
 from recovery.models import RecoveryEvent
 
 from . import audit, rights
@@ -80,6 +81,7 @@ def decorate(job: Job, allowed: frozenset[str], now: Any) -> Job:
     ]
     job.is_active = job.state in ACTIVE_STATES
     job.lease_live = job.lease_is_live(now)
+    job.task = task_summary(job)  # None unless a Django task (its function path, status)
     return job
 
 
@@ -194,6 +196,7 @@ def detail_context(request: HttpRequest, job: Job) -> dict[str, Any]:
         last_shown=events[-1].seq if events else None,
         holders=holders,
         errors=list(reversed(job.errors or [])),
+        task=task_detail(job),
         recovery=(
             list(RecoveryEvent.objects.for_job(job.pk).order_by("-id")[:20])
             if can_view(request.user, "recovery")

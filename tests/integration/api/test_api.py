@@ -210,6 +210,7 @@ def test_openapi_document__is_public_and_lists_every_path(api):
         "/api/jobs", "/api/jobs/{job_id}", "/api/jobs/{job_id}/events", "/api/openapi.json",
         "/api/jobs/{job_id}/cancel", "/api/jobs/{job_id}/pause", "/api/jobs/{job_id}/resume",
         "/api/jobs/{job_id}/retry", "/api/schedules", "/api/schedules/{schedule_id}",
+        "/api/jobs/{job_id}/result",
     }  # fmt: skip
 
 
