@@ -17,6 +17,9 @@ Units, in order:
 3. ``link:<model>:<n>`` — …and set by upserting those batches again once
    every row of the cycle is on the target;
 4. ``sequences`` — move the target's PostgreSQL sequences past the copied ids;
+   ``rebuild`` — recompute the target's derived tables (day counts, search
+   indexes: ``durable.builtin.derived``) from the copied rows. They are never
+   copied nor compared: a trigger on the target also writes them;
 5. ``verify:<model>:<n>`` — one batch of source rows (primary-key order,
    ``batch_size`` rows) and the target's rows with the same keys: their
    order-independent digests of every value must agree (by key, not by range:
@@ -45,6 +48,7 @@ from ..errors import InputRejected, NonRetryable
 from ..models import UnitResult
 from ..operations import Access, JobContext, Operation, Unit, register
 from . import inputs
+from .derived import rebuilds_after
 from .fence import fenced
 from .tables import (
     Plan,
@@ -126,8 +130,9 @@ class CopyDatabase(Operation):
         size, source = ctx.input["batch_size"], ctx.input["source"]
         batches_per = {label: units_for(count_rows(specs[label], source), size) for label in specs}
         linked = sum(batches_per[label] for label in plan.deferred)
-        # prepare, the copies, the links, sequences, then each table's batches and its close.
-        return 2 + 2 * sum(batches_per.values()) + linked + len(specs)
+        # prepare, the copies, the links, sequences, rebuild, then each table's batches
+        # and its close.
+        return 3 + 2 * sum(batches_per.values()) + linked + len(specs)
 
     def units(self, ctx: JobContext) -> Iterator[Unit]:
         checkpoint = ctx.checkpoint or {"phase": "prepare"}
@@ -164,7 +169,10 @@ class CopyDatabase(Operation):
                 raise NonRetryable(f"the site's tables changed during the copy: {exc}") from None
             phase, checkpoint = ("link" if stage == "copy" else "sequences"), {}
         if phase == "sequences":
-            yield Unit(key="sequences", checkpoint={"phase": "verify"})
+            yield Unit(key="sequences", checkpoint={"phase": "rebuild"})
+            phase, checkpoint = "rebuild", {}
+        if phase == "rebuild":
+            yield Unit(key="rebuild", checkpoint={"phase": "verify"})
             phase, checkpoint = "verify", {}
         if phase == "verify":
             yield from self._verify_units(ctx, specs, plan, checkpoint)
@@ -222,6 +230,11 @@ class CopyDatabase(Operation):
                 ) from exc
         if step == "sequences":
             return {"statements": reset_sequences([specs[label] for label in plan.order], target)}
+        if step == "rebuild":
+            rebuilt = rebuilds_after(plan.order)
+            for entry in rebuilt:
+                entry.rebuild(target)
+            return {"rebuilt": [entry.name for entry in rebuilt]}
         if step == "verify":
             faults.reach("dbcopy.before_verify")
             return self._verify_batch(specs[unit.payload["table"]], source, target, unit.payload)

@@ -15,6 +15,10 @@ Units, in order:
 4. ``link:<model>:<n>`` — …and filled in by upserting those parts again once
    every row of the cycle exists;
 5. ``sequences`` — move PostgreSQL sequences past the restored ids;
+   ``rebuild`` — recompute the derived tables (``durable.builtin.derived``:
+   day counts, search indexes) from the restored rows. A backup never holds
+   them (one from an older version may: they are skipped), and they are
+   never compared, since a trigger on this database also writes them;
 6. ``check:<model>:<n>`` (``replace`` only) — the digest of one batch of a
    restored table (``CHECK_BATCH`` rows in primary-key order), bounded like
    every other unit;
@@ -60,6 +64,7 @@ from ..operations import Access, JobContext, Operation, Unit, register
 from ..states import JobState
 from . import backupdir, inputs
 from .announce import announce
+from .derived import derived_labels, rebuilds_after
 from .fence import fenced
 from .manifest import MANIFEST, SUMS, is_excluded, reorder, restore_problems
 from .models import Announcement
@@ -179,9 +184,13 @@ class RestoreDatabase(Operation):
             raise NonRetryable("the backup's manifest changed during the restore; start again")
         return json.loads(raw)
 
+    def _skipped(self, ctx: JobContext) -> set[str]:
+        """Excluded tables, and the derived ones (rebuilt, never restored)."""
+        return set(ctx.input["exclude"]) | derived_labels()
+
     def _restored(self, ctx: JobContext, manifest: dict[str, Any]) -> list[dict[str, Any]]:
-        exclude = set(ctx.input["exclude"])
-        return [t for t in manifest["tables"] if not is_excluded(t["model"], exclude)]
+        skipped = self._skipped(ctx)
+        return [t for t in manifest["tables"] if not is_excluded(t["model"], skipped)]
 
     def _plan(self, ctx: JobContext, manifest: dict[str, Any]) -> tuple[list[str], dict]:
         site = self._site(ctx)
@@ -200,7 +209,7 @@ class RestoreDatabase(Operation):
         for label in order:
             if label in deferred:
                 steps += [f"link:{label}:{n}" for n in range(len(tables[label]["parts"]))]
-        steps.append("sequences")
+        steps += ["sequences", "rebuild"]
         if ctx.input["replace"]:
             steps.append("check")  # not a unit: it stands for the check batches
         return [*steps, "finish"]
@@ -297,6 +306,11 @@ class RestoreDatabase(Operation):
                 ) from exc
         if step == "sequences":
             return {"statements": reset_sequences([site[label] for label in order], alias)}
+        if step == "rebuild":
+            rebuilt = rebuilds_after(order)
+            for entry in rebuilt:
+                entry.rebuild(alias)
+            return {"rebuilt": [entry.name for entry in rebuilt]}
         if step == "check":
             payload = unit.payload
             return digest_batch(
@@ -329,7 +343,7 @@ class RestoreDatabase(Operation):
         if _sha256_of(self._path(ctx) / MANIFEST) != expected_sha:
             raise RuntimeError("the manifest changed while it was being verified; verifying again")
         site = {label: spec.columns for label, spec in self._site(ctx).items()}
-        if problems := restore_problems(manifest, site, set(ctx.input["exclude"])):
+        if problems := restore_problems(manifest, site, self._skipped(ctx)):
             raise self._refuse(ctx, "; ".join(problems[:5]))
         try:
             self._plan(ctx, manifest)

@@ -10,7 +10,9 @@ values instead of being stamped with the time of the restore.
 
 The engine's own tables (the ``durable`` app: jobs, events, unit results,
 workers, inventories) are never part of the set: a restore that rewrote the
-job table would rewrite the row of the very job doing the restore.
+job table would rewrite the row of the very job doing the restore. Nor are
+tables an app declared *derived* (``durable.builtin.derived``): they are
+rebuilt from their sources instead of moved.
 
 Top to bottom: pure helpers (value encoding, the order-independent table
 digest, the foreign-key plan), then the functions that touch a database.
@@ -34,6 +36,8 @@ from django.core.management.color import no_style
 from django.db import connections, models, router, transaction
 from django.db.models.constants import OnConflict
 from django.utils.duration import duration_string
+
+from .derived import derived_labels
 
 ENGINE_APP = "durable"
 MAX_DIGEST = 2**256
@@ -326,8 +330,11 @@ def parse_exclude(values: Iterable[str]) -> list[str]:
 
 
 def site_tables(alias: str, exclude: Iterable[str] = ()) -> list[TableSpec]:
-    """Every table this site's models keep on ``alias``, by label, minus the engine's."""
-    excluded = set(exclude)
+    """Every table this site's models keep on ``alias``, by label, minus the engine's.
+
+    Derived tables are left out too: they are rebuilt, never moved or compared.
+    """
+    excluded = set(exclude) | derived_labels()
     specs = []
     for model in apps.get_models(include_auto_created=True):
         opts = model._meta
