@@ -29,7 +29,19 @@ Units, in order:
    grow; the batches' digests add up to the table's. Any difference fails the
    job (non-retryable: copy again with the site's writers stopped). Every
    verification unit is bounded by a batch, so a big table is checked in
-   many short units, resumed after a restart from the last one done.
+   many short units, resumed after a restart from the last one done;
+7. ``tail`` — rows appended to *journal* tables since their close are
+   copied and verified (see below), so a copy loses no row the source held
+   when it finished.
+
+Journal tables (``durable.builtin.derived.register_journal``: the Recovery
+events) are append-only logs the engine itself writes to while the copy runs
+— when the copy's own job is taken back after a crash, its
+``job-reclaimed-after-restart`` event lands in the source. A journal row the
+target does not have yet is copied by the verification that finds it (a
+batch, the close, or ``tail``: at most one batch of rows each) and then
+verified like the others; a journal row that *differs* on the target, or
+one deleted from the source, still fails the copy.
 
 The engine's own tables (jobs and their events) are not copied: this job is
 running in them. See README "Moving to another database" for the switch-over.
@@ -48,18 +60,22 @@ from ..errors import InputRejected, NonRetryable
 from ..models import UnitResult
 from ..operations import Access, JobContext, Operation, Unit, register
 from . import inputs
-from .derived import rebuilds_after
+from .derived import is_journal, rebuilds_after
 from .fence import fenced
 from .tables import (
     Plan,
+    TableDigest,
     TableSpec,
     batches,
     combine,
     count_rows,
+    decode_pk,
     delete_all,
     digest_keys,
     digest_rows,
+    encode_pk,
     missing_tables,
+    next_boundary,
     plan_for,
     read_rows,
     reset_sequences,
@@ -131,8 +147,9 @@ class CopyDatabase(Operation):
         batches_per = {label: units_for(count_rows(specs[label], source), size) for label in specs}
         linked = sum(batches_per[label] for label in plan.deferred)
         # prepare, the copies, the links, sequences, rebuild, then each table's batches
-        # and its close.
-        return 3 + 2 * sum(batches_per.values()) + linked + len(specs)
+        # and its close, and the journals' tail.
+        tail = int(any(is_journal(label) for label in specs))
+        return 3 + 2 * sum(batches_per.values()) + linked + len(specs) + tail
 
     def units(self, ctx: JobContext) -> Iterator[Unit]:
         checkpoint = ctx.checkpoint or {"phase": "prepare"}
@@ -176,6 +193,9 @@ class CopyDatabase(Operation):
             phase, checkpoint = "verify", {}
         if phase == "verify":
             yield from self._verify_units(ctx, specs, plan, checkpoint)
+            phase = "tail"
+        if phase == "tail" and any(is_journal(label) for label in plan.order):
+            yield Unit(key="tail", checkpoint={"phase": "done"})
 
     def _verify_units(
         self, ctx: JobContext, specs: dict[str, TableSpec], plan: Plan, checkpoint: dict
@@ -237,14 +257,18 @@ class CopyDatabase(Operation):
             return {"rebuilt": [entry.name for entry in rebuilt]}
         if step == "verify":
             faults.reach("dbcopy.before_verify")
-            return self._verify_batch(specs[unit.payload["table"]], source, target, unit.payload)
+            spec = specs[unit.payload["table"]]
+            return self._verify_batch(spec, source, target, unit.payload)
         if step == "verified":
             return self._verify_table(ctx, specs[unit.payload["table"]], source, target)
+        if step == "tail":
+            return self._tail(ctx, specs, plan, source, target)
         raise NonRetryable(f"unknown copy step {unit.key!r}")
 
     def _verify_batch(self, spec: TableSpec, source: str, target: str, payload: dict) -> dict:
         rows = read_rows(spec, source, payload["after"], payload["upto"])
         position = spec.columns.index(spec.pk.attname)
+        appended = _copy_absent(spec, target, rows, position) if is_journal(spec.label) else 0
         ours = digest_rows(rows)  # encoded already: encoding again changes nothing
         theirs = digest_keys(spec, target, [row[position] for row in rows])
         if ours != theirs:
@@ -254,12 +278,19 @@ class CopyDatabase(Operation):
                 f"{ours.hexdigest()[:12]}), target {theirs.rows} rows (digest "
                 f"{theirs.hexdigest()[:12]}); stop the site's writers and copy again"
             )
-        return ours.as_dict()
+        return {**ours.as_dict(), "upto": payload["upto"], "appended": appended}
 
     def _verify_table(self, ctx: JobContext, spec: TableSpec, source: str, target: str) -> dict:
         prefix = f"verify:{spec.label}:"
         found = UnitResult.objects.filter(job_id=ctx.job_id, key__startswith=prefix)
-        whole = combine(found.values_list("result", flat=True))
+        results = {int(key.rsplit(":", 1)[1]): r for key, r in found.values_list("key", "result")}
+        whole = combine(results.values())
+        upto = results[max(results)].get("upto") if results else None
+        appended = 0
+        if is_journal(spec.label):
+            # Appended since its last batch was verified (the engine's own events).
+            extra, upto, appended = self._journal_tail(ctx, spec, source, target, upto)
+            whole.merge(extra.rows, extra.total)
         counts = {"source": count_rows(spec, source), "target": count_rows(spec, target)}
         if counts != {"source": whole.rows, "target": whole.rows}:
             raise NonRetryable(
@@ -267,7 +298,45 @@ class CopyDatabase(Operation):
                 f"rows, the source has {counts['source']} and the target {counts['target']} "
                 "now; stop the site's writers and copy again"
             )
-        return whole.as_dict()
+        return {**whole.as_dict(), "upto": upto, "appended": appended}
+
+    def _journal_tail(
+        self, ctx: JobContext, spec: TableSpec, source: str, target: str, after: Any
+    ) -> tuple[TableDigest, Any, int]:
+        """Copy and verify the journal's rows after ``after``: (digest, new last key, copied).
+
+        One batch at most: more than that appended during a copy is the site
+        writing, which the counts then report.
+        """
+        upto = next_boundary(spec, source, after, ctx.input["batch_size"])
+        if upto is None:
+            return TableDigest(), after, 0
+        result = self._verify_batch(spec, source, target, {"after": after, "upto": upto})
+        digest = TableDigest(rows=int(result["rows"]), total=int(result["digest"], 16))
+        return digest, upto, int(result["appended"])
+
+    def _tail(
+        self, ctx: JobContext, specs: dict[str, TableSpec], plan: Plan, source: str, target: str
+    ) -> dict:
+        """After every close: the journals' rows appended since, copied and verified."""
+        done = {}
+        for label in plan.order:
+            if not is_journal(label):
+                continue
+            spec = specs[label]
+            closed = UnitResult.objects.get(job_id=ctx.job_id, key=f"verified:{label}").result
+            extra, upto, appended = self._journal_tail(ctx, spec, source, target, closed["upto"])
+            whole = combine([closed])
+            whole.merge(extra.rows, extra.total)
+            counts = {"source": count_rows(spec, source), "target": count_rows(spec, target)}
+            if counts != {"source": whole.rows, "target": whole.rows}:
+                raise NonRetryable(
+                    f"{label} differs after the copy: {whole.rows} rows verified, the source "
+                    f"has {counts['source']} and the target {counts['target']} now; stop the "
+                    "site's writers and copy again"
+                )
+            done[label] = {**whole.as_dict(), "upto": upto, "appended": appended}
+        return done
 
     def _prepare(self, ctx: JobContext, specs: dict[str, TableSpec], plan: Plan) -> dict:
         target = ctx.input["target"]
@@ -302,6 +371,16 @@ class CopyDatabase(Operation):
                 "permissions, so a freshly migrated target needs replace too)"
             )
         return {"deleted": 0}
+
+
+def _copy_absent(spec: TableSpec, target: str, rows: list[list[Any]], position: int) -> int:
+    """Upsert the rows (encoded) whose keys the target lacks; how many there were."""
+    present = spec.model._base_manager.using(target).filter(
+        pk__in=[decode_pk(spec, row[position]) for row in rows]
+    )
+    have = {encode_pk(spec, key) for key in present.values_list(spec.pk.attname, flat=True)}
+    absent = [row for row in rows if row[position] not in have]
+    return upsert(spec, target, absent)
 
 
 def _allowed(spec: TableSpec, alias: str) -> bool:
