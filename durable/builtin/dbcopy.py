@@ -30,9 +30,10 @@ Units, in order:
    job (non-retryable: copy again with the site's writers stopped). Every
    verification unit is bounded by a batch, so a big table is checked in
    many short units, resumed after a restart from the last one done;
-7. ``tail`` — rows appended to *journal* tables since their close are
-   copied and verified (see below), so a copy loses no row the source held
-   when it finished.
+7. ``tail:<n>`` — rows appended to *journal* tables since their close are
+   copied and verified (see below), and their counts checked; another tail
+   follows whenever a journal grew meanwhile, so a copy loses no row the
+   source held when it finished.
 
 Journal tables (``durable.builtin.derived.register_journal``: the Recovery
 events) are append-only logs the engine itself writes to while the copy runs
@@ -193,9 +194,18 @@ class CopyDatabase(Operation):
             phase, checkpoint = "verify", {}
         if phase == "verify":
             yield from self._verify_units(ctx, specs, plan, checkpoint)
-            phase = "tail"
+            phase, checkpoint = "tail", {}
         if phase == "tail" and any(is_journal(label) for label in plan.order):
-            yield Unit(key="tail", checkpoint={"phase": "done"})
+            # The first tail always runs (it checks the counts); another one whenever a
+            # journal grew since — when this job was taken back after its last unit, say,
+            # its reclaim event landed in the source after everything was verified.
+            tails = checkpoint.get("tails", 0)
+            while tails == 0 or self._journals_grew(ctx, specs, plan, tails):
+                yield Unit(
+                    key=f"tail:{tails}", payload={"n": tails},
+                    checkpoint={"phase": "tail", "tails": tails + 1},
+                )  # fmt: skip
+                tails += 1
 
     def _verify_units(
         self, ctx: JobContext, specs: dict[str, TableSpec], plan: Plan, checkpoint: dict
@@ -262,7 +272,7 @@ class CopyDatabase(Operation):
         if step == "verified":
             return self._verify_table(ctx, specs[unit.payload["table"]], source, target)
         if step == "tail":
-            return self._tail(ctx, specs, plan, source, target)
+            return self._tail(ctx, specs, plan, source, target, unit.payload["n"])
         raise NonRetryable(f"unknown copy step {unit.key!r}")
 
     def _verify_batch(self, spec: TableSpec, source: str, target: str, payload: dict) -> dict:
@@ -315,8 +325,31 @@ class CopyDatabase(Operation):
         digest = TableDigest(rows=int(result["rows"]), total=int(result["digest"], 16))
         return digest, upto, int(result["appended"])
 
+    def _verified_so_far(self, ctx: JobContext, label: str, tails: int) -> dict:
+        """A journal's rows verified (rows, digest, last key) by its close and ``tails`` tails."""
+        if tails == 0:
+            return UnitResult.objects.get(job_id=ctx.job_id, key=f"verified:{label}").result
+        previous = UnitResult.objects.get(job_id=ctx.job_id, key=f"tail:{tails - 1}").result
+        return previous[label]
+
+    def _journals_grew(
+        self, ctx: JobContext, specs: dict[str, TableSpec], plan: Plan, tails: int
+    ) -> bool:
+        for label in plan.order:
+            if is_journal(label):
+                upto = self._verified_so_far(ctx, label, tails)["upto"]
+                if next_boundary(specs[label], ctx.input["source"], upto, 1) is not None:
+                    return True
+        return False
+
     def _tail(
-        self, ctx: JobContext, specs: dict[str, TableSpec], plan: Plan, source: str, target: str
+        self,
+        ctx: JobContext,
+        specs: dict[str, TableSpec],
+        plan: Plan,
+        source: str,
+        target: str,
+        tails: int,
     ) -> dict:
         """After every close: the journals' rows appended since, copied and verified."""
         done = {}
@@ -324,9 +357,9 @@ class CopyDatabase(Operation):
             if not is_journal(label):
                 continue
             spec = specs[label]
-            closed = UnitResult.objects.get(job_id=ctx.job_id, key=f"verified:{label}").result
-            extra, upto, appended = self._journal_tail(ctx, spec, source, target, closed["upto"])
-            whole = combine([closed])
+            before = self._verified_so_far(ctx, label, tails)
+            extra, upto, appended = self._journal_tail(ctx, spec, source, target, before["upto"])
+            whole = combine([before])
             whole.merge(extra.rows, extra.total)
             counts = {"source": count_rows(spec, source), "target": count_rows(spec, target)}
             if counts != {"source": whole.rows, "target": whole.rows}:
