@@ -554,6 +554,38 @@ def reset_sequences(specs: Sequence[TableSpec], alias: str) -> int:
     return len(statements)
 
 
+def advance_sequence(spec: TableSpec, alias: str, past: int) -> None:
+    """Make the next id the database hands out for ``spec`` greater than ``past``.
+
+    Never moves a sequence back. For a journal a restore is about to refill:
+    a row the engine appends meanwhile must not take an id the backup's rows
+    will be written under (the upsert would overwrite it).
+    """
+    if past < 1:
+        return  # every id is greater than 0 already
+    connection = connections[alias]
+    table = connection.ops.quote_name(spec.table)
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_get_serial_sequence(%s, %s)", [table, spec.pk.column])
+            (sequence,) = cursor.fetchone()
+            if sequence is None:
+                return  # no sequence: ids are given explicitly
+            # The sequence's own name, as PostgreSQL returned it (quoted where needed).
+            current = f"SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {sequence}"  # noqa: S608
+            cursor.execute(f"SELECT setval(%s, GREATEST(%s, ({current})))", [sequence, past])
+        elif connection.vendor == "sqlite":
+            cursor.execute(
+                "UPDATE sqlite_sequence SET seq = MAX(seq, %s) WHERE name = %s", [past, spec.table]
+            )
+            if cursor.rowcount == 0:
+                cursor.execute(
+                    "INSERT INTO sqlite_sequence (name, seq) SELECT %s, %s WHERE EXISTS "
+                    "(SELECT 1 FROM sqlite_master WHERE name = 'sqlite_sequence')",
+                    [spec.table, past],
+                )
+
+
 def migration_state(alias: str) -> dict[str, str]:
     """The latest applied migration per app: recorded in a backup's manifest."""
     from django.db.migrations.recorder import MigrationRecorder

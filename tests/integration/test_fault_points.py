@@ -34,6 +34,7 @@ from durable import jobs
 from durable.builtin import backupdir
 from durable.builtin.models import IntegrityScope, InventoryEntry
 from durable.models import Job
+from recovery.models import RecoveryEvent
 from tests.opsapp.models import RecordedEvent, Sample
 
 from .dataset import TEST_EXCLUDE, backup_contents, contents, make_dataset
@@ -128,6 +129,53 @@ class RestoreTrial(Trial):
             "rows": contents("default"),
             "events": events(job),
             "fresh ids": new_rows_get_fresh_ids("default"),
+        }
+
+
+class RestoreWithRecoveryTrial(Trial):
+    """restore.database --replace of the Recovery tables too (DURABLE_RESTORE_KEEP_APPS="").
+
+    The engine appends to the events being restored (this job's reclaims, its
+    restore-backup): those rows are kept, never taken for differences, and never
+    overwritten by a backup row.
+    """
+
+    operation = "restore.database"
+    id = "restore.database-with-recovery"
+
+    def setup(self, env: Env) -> None:
+        make_dataset()
+        add_events("default")
+        backup = jobs.enqueue("backup.database", {"name": "events", "batch_size": 4,
+                                                  "exclude": NOISE})  # fmt: skip
+        assert drain(backup.pk, timeout=60).state == "completed"
+        self.backed_up = backup_contents(env.backups / "events")
+
+    def input(self, env: Env, n: int) -> dict[str, Any]:
+        RecoveryEvent.objects.filter(pk=RecoveryEvent.objects.order_by("pk")[0].pk).delete()
+        RecoveryEvent.objects.create(type="remigrate", detail=f"before restore {n}")
+        Sample.objects.update(name=f"changed before restore {n}")
+        return {"name": "events", "replace": True, "exclude": NOISE}
+
+    def outcome(self, env: Env, job: Job, n: int) -> dict[str, Any]:
+        assert "recovery" not in job.input["exclude"]
+        end = self.backed_up["recovery.recoveryevent"][-1][0]  # the backup's last event id
+        restored = contents("default", NOISE)
+        kept = restored.pop("recovery.recoveryevent")
+        appended = RecoveryEvent.objects.filter(pk__gt=end)
+        return {
+            "rows": restored,
+            "events": kept[: len(self.backed_up["recovery.recoveryevent"])]
+            == self.backed_up["recovery.recoveryevent"],
+            # After the clear: this job's restore-backup (and its reclaims, as many as it had).
+            "appended": Counter(
+                appended.exclude(type="job-reclaimed-after-restart").values_list("type", flat=True)
+            ),
+            "appended by this job": set(appended.values_list("job_id", flat=True)) == {job.pk},
+            "reclaims kept": appended.filter(type="job-reclaimed-after-restart").count()
+            == RecoveryEvent.objects.filter(type="job-reclaimed-after-restart").count(),
+            "recorded": events(job),
+            "counts rebuilt": counted("default") == recount("default"),
         }
 
 
@@ -275,6 +323,7 @@ TRIALS = [
     BackupTrial(snapshot=False),
     *([] if PG else [BackupTrial(snapshot=True)]),
     RestoreTrial(),
+    RestoreWithRecoveryTrial(),
     CopyTrial("default", "other"),
     *([CopyTrial("lite", "other")] if PG else []),  # SQLite -> PostgreSQL
     ScanTrial(),
@@ -294,6 +343,7 @@ def env(tmp_path: Path, settings) -> Env:
     for path in (env.backups, env.scan_root, tmp_path / "src", tmp_path / "dst"):
         path.mkdir()
     settings.DURABLE_BACKUP_DIR = env.backups
+    settings.DURABLE_RESTORE_KEEP_APPS = []  # (only the restore with recovery restores it)
     local = "django.core.files.storage.FileSystemStorage"
     settings.STORAGES = {
         **settings.STORAGES,
