@@ -53,6 +53,7 @@ test: $(STAMP) lint
 # Long torture runs: not part of `make test`.
 soak: $(STAMP)
 	$(BIN)/python bench/soak.py
+	FAULT_POINTS_RANDOM_KILLS=15 $(BIN)/python -m pytest tests/integration/test_fault_points.py -q
 
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py
