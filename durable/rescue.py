@@ -15,22 +15,32 @@ its job until the lease expires; fencing then makes its late writes no-ops.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cache
+from pathlib import Path
 
 from django.db import connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from . import signals
+from . import signals, turns
 from .jobs import add_events, announce_change, needs_attention
 from .models import Job, UnitResult, WorkerProcess, database_now, db_now
-from .policy import append_bounded, reclaim_delay, worker_alive
-from .states import LEASED_STATES, JobState, OnRestart, RestartOutcome, on_restart
+from .policy import append_bounded, deaths_without_progress, reclaim_delay, worker_alive
+from .states import (
+    LEASED_STATES,
+    JobState,
+    OnRestart,
+    RestartOutcome,
+    on_restart,
+    worker_lost_spends_attempt,
+)
 
 log = logging.getLogger("durable.rescue")
 
@@ -144,12 +154,81 @@ def mark_stopped(worker_id: str) -> None:
     WorkerProcess.objects.filter(worker_id=worker_id).update(stopped_at=db_now())
 
 
-def _dead_owners(me: str) -> list[str]:
-    """Lease owners known to be gone: they said goodbye, or their PID no longer exists here.
+# --- SQLite: liveness judged by the holder's process --------------------------------
+#
+# On SQLite every worker shares one machine, and a lease renewal needs the one
+# write lock, which another process may hold for longer than a lease (an atomic
+# unit). So a lease held by a process of this machine is judged by that process
+# instead: while it exists and its pulse — a file it touches every third of its
+# lease from a thread that never touches the database, so no lock can delay it —
+# is fresh, its jobs are not taken back, however late its renewals are. A
+# stopped (SIGSTOP) or frozen process stops pulsing and is judged by its lease
+# again; one whose PID is gone is taken back at once. Fencing is unchanged.
 
-    ``stopped_at`` is only ever set for a process that is certainly gone (by
-    itself on exit, or here after checking its PID), so such leases can be
-    taken back before they expire without risking two live workers on a job.
+
+def pulse_path(worker_id: str) -> Path | None:
+    """The pulse file of ``worker_id`` beside the SQLite database; None on PostgreSQL."""
+    database = turns.sqlite_file(connection)
+    if database is None:
+        return None
+    return Path(f"{database}-pulse") / hashlib.sha256(worker_id.encode()).hexdigest()[:32]
+
+
+def pulse(worker_id: str) -> None:
+    """The worker is alive and running (its pulse thread, every third of its lease)."""
+    path = pulse_path(worker_id)
+    if path is None:
+        return
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        try:
+            path.parent.mkdir(exist_ok=True)
+            path.touch()
+        except OSError:
+            pass  # a read-only directory: judged by its lease, as before
+    except OSError:
+        pass
+
+
+def stop_pulse(worker_id: str) -> None:
+    path = pulse_path(worker_id)
+    if path is not None:
+        path.unlink(missing_ok=True)
+
+
+def process_stopped(pid: int) -> bool:
+    """Stopped by a signal (SIGSTOP, a debugger): alive, but renewing nothing."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
+def _pulsing_here(worker: WorkerProcess) -> bool:
+    """The worker runs in this PID space, its process exists and is not stopped, and it
+    pulsed within its lease."""
+    mine = host_key()
+    path = pulse_path(worker.worker_id)
+    if not (path is not None and mine and worker.host_key == mine and pid_alive(worker.pid)):
+        return False
+    if process_stopped(worker.pid):
+        return False  # judged by its lease, as a stopped process always was
+    try:
+        age = time.time() - path.stat().st_mtime
+    except OSError:
+        return False
+    return age <= max(worker.lease_seconds, 0.0)
+
+
+def _judge_owners(me: str) -> tuple[list[str], list[str]]:
+    """Lease owners known to be gone, and (SQLite) those alive here whatever their leases say.
+
+    Gone: they said goodbye, or their PID no longer exists here. ``stopped_at``
+    is only ever set for a process that is certainly gone (by itself on exit,
+    or here after checking its PID), so such leases can be taken back before
+    they expire without risking two live workers on a job.
     """
     owners = set(
         Job.objects.filter(state__in=LEASED_STATES, lease_owner__isnull=False)
@@ -158,20 +237,24 @@ def _dead_owners(me: str) -> list[str]:
         .distinct()
     )
     if not owners:
-        return []
-    dead = []
+        return [], []
+    dead, alive = [], []
     for worker in WorkerProcess.objects.filter(worker_id__in=owners):
         if worker.stopped_at is not None:
             dead.append(worker.worker_id)
         elif _gone_here(worker):
             WorkerProcess.objects.filter(pk=worker.pk).update(stopped_at=db_now())
             dead.append(worker.worker_id)
-    return dead
+        elif _pulsing_here(worker):
+            alive.append(worker.worker_id)
+    return dead, alive
 
 
 def _reclaimable(me: str) -> Q:
     condition = Q(lease_expires_at__lt=db_now())
-    dead = _dead_owners(me)
+    dead, alive = _judge_owners(me)
+    if alive:
+        condition &= ~Q(lease_owner__in=alive)
     if dead:
         condition |= Q(lease_owner__in=dead)
     return Q(state__in=LEASED_STATES, lease_owner__isnull=False) & condition & ~Q(lease_owner=me)
@@ -218,14 +301,33 @@ def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str, *, position: in
             fields.update(state=JobState.CANCELLED, finished_at=now, error_code="cancelled")
             kind, message = "cancelled", "its worker stopped before finishing the cancel"
         else:
-            attempts = job.attempts + 1
+            units_committed = (
+                None if job.units_at_claim is None else job.units_done - job.units_at_claim
+            )
+            spent = worker_lost_spends_attempt(
+                outcome, units_at_claim=job.units_at_claim, units_done=job.units_done
+            )
+            attempts = job.attempts + 1 if spent else job.attempts
+            if units_committed is None:
+                lost = f"worker {previous} stopped while running this job"
+            elif spent and units_committed == 0:
+                lost = f"worker {previous} stopped while running this job, before committing a unit"
+            else:
+                lost = (
+                    f"worker {previous} stopped while running this job, after committing "
+                    f"{units_committed} unit(s)"
+                )
+            if not spent:
+                lost += "; it made progress, so no attempt is spent"
             entry = {
                 "at": now.isoformat(),
-                "attempt": attempts,
+                "attempt": job.attempts + 1,  # the attempt it was on, as for any failure
                 "error_class": "WorkerLost",
-                "message": f"worker {previous} stopped while running this job",
+                "message": lost,
                 "retryable": outcome is not RestartOutcome.FAIL,
                 "traceback": "",
+                "attempt_spent": spent,
+                "units_committed": units_committed,
             }
             fields.update(
                 attempts=attempts,
@@ -233,7 +335,8 @@ def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str, *, position: in
                 errors=append_bounded(job.errors, entry),
                 last_error_class="WorkerLost",
             )
-            exhausted = attempts >= job.max_attempts
+            data.update(attempt_spent=spent, units_committed=units_committed)
+            exhausted = spent and attempts >= job.max_attempts
             if outcome is RestartOutcome.FAIL:
                 fields.update(
                     state=JobState.FAILED,
@@ -250,12 +353,16 @@ def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str, *, position: in
                     if job.operation in registered()
                     else JobState.FAILED
                 )
+                deaths = deaths_without_progress(fields["errors"], attempts)
+                times = "once" if deaths == 1 else f"{deaths} times"
+                also = "" if deaths == attempts else f"; {attempts} failed attempts in all"
                 fields.update(
                     state=target,
                     error_code="exhausted",
                     reason=(
-                        f"its worker stopped {attempts} times while running it (checkpoint "
-                        f"{job.checkpoint!r}); it may be what crashes the worker"
+                        f"its worker stopped {times} without committing a unit "
+                        f"(checkpoint {job.checkpoint!r}{also}); it may be what crashes "
+                        f"the worker"
                     ),
                     finished_at=now if target == JobState.FAILED else None,
                 )
@@ -268,6 +375,8 @@ def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str, *, position: in
                     UnitResult.objects.filter(job_id=job.pk).delete()
                     data["from_start"] = True
                 kind, message = "reclaimed", f"taken back from {previous}"
+                if not spent:
+                    message += f" after {units_committed} committed unit(s); no attempt spent"
         for name, value in fields.items():
             setattr(job, name, value)
         add_events(job, [(kind, message, data)], now)
@@ -288,6 +397,10 @@ def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str, *, position: in
             attempt=job.attempts,
             next_attempt_at=job.next_attempt_at if job.state == JobState.QUEUED else None,
             reason=job.reason,
+            # False: the lost lease had committed units, so the death is on record
+            # but spent no attempt (None for a cancel finished on the worker's behalf).
+            attempt_spent=data.get("attempt_spent"),
+            units_committed=data.get("units_committed"),
         )
         if job.state in (JobState.FAILED, JobState.PAUSED):
             needs_attention(job, job.error_code, job.reason)
