@@ -54,6 +54,7 @@ test: $(STAMP) lint
 soak: $(STAMP)
 	$(BIN)/python bench/soak.py
 	$(BIN)/python bench/writer_turns.py
+	FAULT_POINTS_RANDOM_KILLS=15 $(BIN)/python -m pytest tests/integration/test_fault_points.py -q
 
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py

@@ -15,6 +15,19 @@ class RecoveryConfig(AppConfig):
         receivers.connect()
         schedules.connect()
         indexing.connect()
+        # Backup, restore and db.copy rebuild the counts and the search index instead
+        # of moving them, and take the events the engine appends meanwhile in stride.
+        from durable.builtin.derived import register_derived, register_journal
+
+        from .dashboard import sql
+
+        register_derived(
+            "recovery.dashboard",
+            tables=sql.DERIVED_MODELS,
+            sources=sql.SOURCE_MODELS,
+            rebuild=sql.rebuild,
+        )
+        register_journal("recovery.recoveryevent")
         # The standing schedules (ingest, retention) exist as soon as the tables do.
         post_migrate.connect(
             schedules.on_post_migrate, sender=self, dispatch_uid="recovery.schedules.post_migrate"

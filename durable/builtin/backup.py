@@ -12,8 +12,9 @@ Units, in order:
 3. ``publish`` — write ``manifest.json`` and ``SHA256SUMS``, sync, and rename
    the staging directory to ``NAME``: the backup exists completely or not at
    all. Announces ``backup-created``;
-4. ``verify`` — read the published backup back and check every checksum.
-   Announces ``backup-verified`` (or the failure, ``done=False``).
+4. ``verify`` — delete the snapshot (if any), read the published backup back
+   and check every checksum. Announces ``backup-verified`` (or the failure,
+   ``done=False``).
 
 Consistency: each part is one SELECT, so each part is a consistent set of
 rows. Units are separate transactions (they must be, to survive a restart),
@@ -25,10 +26,15 @@ read after the row and normally exists in the backup too; a parent deleted
 in between can still leave a dangling reference that a restore refuses. For
 an exact snapshot, stop the site's writers during the backup — or, on SQLite,
 pass ``snapshot``: ``begin`` then copies the whole database with one
-``VACUUM INTO`` (one read transaction; writers carry on) into the staging
-directory, every part is read from that copy, and the copy is deleted before
-publishing. The backup is then exactly the database as of ``begin``, and
+``VACUUM INTO`` (one read transaction; writers carry on) into
+``.NAME.snapshot-<job>/`` beside the staging directory, and every part is read
+from that copy. The backup is then exactly the database as of ``begin``, and
 still resumable part by part.
+
+Nothing is removed while the saved progress still needs it: the snapshot is
+deleted by ``verify``, whose checkpoint (``published``) no longer reads it —
+not by ``publish``, which a crash may repeat with the progress still in the
+``tables`` phase (that repeat plans its units from the snapshot).
 """
 
 from __future__ import annotations
@@ -153,6 +159,9 @@ class BackupDatabase(Operation):
     def _staging(self, ctx: JobContext) -> Path:
         return backupdir.staging_dir(backupdir.backup_root(), ctx.input["name"], ctx.job_id)
 
+    def _snapshot(self, ctx: JobContext) -> Path:
+        return backupdir.snapshot_dir(backupdir.backup_root(), ctx.input["name"], ctx.job_id)
+
     def _source(self, ctx: JobContext) -> str:
         """The alias rows are read from: the database, or (snapshot) this job's copy of it.
 
@@ -163,7 +172,7 @@ class BackupDatabase(Operation):
             return ctx.input["database"]
         alias = f"durable_snapshot_{ctx.job_id}"
         if alias not in connections.settings:
-            path = self._staging(ctx) / SNAPSHOT_FILE
+            path = self._snapshot(ctx) / SNAPSHOT_FILE
             if not path.is_file():
                 raise RuntimeError(f"the snapshot {path} is gone")
             connections.settings[alias] = {
@@ -179,7 +188,7 @@ class BackupDatabase(Operation):
             connections[alias].close()
             del connections[alias]
             del connections.settings[alias]
-        (self._staging(ctx) / SNAPSHOT_FILE).unlink(missing_ok=True)
+        backupdir.remove_tree(self._snapshot(ctx))
 
     def prepare(self, ctx: JobContext) -> None:
         root = backupdir.backup_root()
@@ -303,8 +312,10 @@ class BackupDatabase(Operation):
         started_at = timezone.now().isoformat()
         if ctx.input.get("snapshot"):
             # One read transaction copies the whole database: every part is read from it.
+            self._drop_snapshot(ctx)  # a repeated begin takes a new one
+            self._snapshot(ctx).mkdir()
             with connections[ctx.input["database"]].cursor() as cursor:
-                cursor.execute("VACUUM INTO %s", [str(staging / SNAPSHOT_FILE)])
+                cursor.execute("VACUUM INTO %s", [str(self._snapshot(ctx) / SNAPSHOT_FILE)])
         return {"started_at": started_at, "tables": order}
 
     def _part(self, ctx: JobContext, payload: dict[str, Any]) -> dict[str, Any]:
@@ -354,7 +365,6 @@ class BackupDatabase(Operation):
             }
             digests[MANIFEST] = _sha256(payload)
             backupdir.write_atomic(staging / SUMS, format_sums(digests).encode())
-            self._drop_snapshot(ctx)
             backupdir.fsync_dir(staging)
             os.rename(staging, final)
             backupdir.fsync_dir(root)
@@ -426,6 +436,8 @@ class BackupDatabase(Operation):
         )
 
     def _verify(self, ctx: JobContext) -> dict[str, Any]:
+        # The checkpoint says "published": nothing reads the snapshot any more.
+        self._drop_snapshot(ctx)
         path = backup_path(ctx.input["name"])
         try:
             manifest = backupdir.verify(path)

@@ -26,7 +26,12 @@ from .manifest import MANIFEST, SUMS, inventory_problems, manifest_files, parse_
 from .tables import TableDigest, row_bytes
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-STAGING = re.compile(r"^\.(?P<name>[A-Za-z0-9][A-Za-z0-9._-]{0,99})\.partial-(?P<job>\d+)$")
+# A backup's staging directory, and (``snapshot``) the directory of its SQLite snapshot:
+# beside the staging directory, not in it, so publishing does not take the snapshot away
+# while the job's saved progress still reads from it.
+STAGING = re.compile(
+    r"^\.(?P<name>[A-Za-z0-9][A-Za-z0-9._-]{0,99})\.(?:partial|snapshot)-(?P<job>\d+)$"
+)
 MAX_REPORTED_PROBLEMS = 5
 CHUNK = 1 << 20
 
@@ -53,8 +58,12 @@ def staging_dir(root: Path, name: str, job_id: int) -> Path:
     return root / f".{name}.partial-{job_id}"
 
 
+def snapshot_dir(root: Path, name: str, job_id: int) -> Path:
+    return root / f".{name}.snapshot-{job_id}"
+
+
 def staging_dirs(root: Path) -> Iterator[tuple[Path, int]]:
-    """Leftover staging directories (of cancelled or failed backups) with their job ids."""
+    """Staging and snapshot directories with their job ids (a finished job's are leftovers)."""
     if not root.is_dir():
         return
     for entry in root.iterdir():

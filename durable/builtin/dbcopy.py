@@ -17,6 +17,9 @@ Units, in order:
 3. ``link:<model>:<n>`` — …and set by upserting those batches again once
    every row of the cycle is on the target;
 4. ``sequences`` — move the target's PostgreSQL sequences past the copied ids;
+   ``rebuild`` — recompute the target's derived tables (day counts, search
+   indexes: ``durable.builtin.derived``) from the copied rows. They are never
+   copied nor compared: a trigger on the target also writes them;
 5. ``verify:<model>:<n>`` — one batch of source rows (primary-key order,
    ``batch_size`` rows) and the target's rows with the same keys: their
    order-independent digests of every value must agree (by key, not by range:
@@ -26,7 +29,20 @@ Units, in order:
    grow; the batches' digests add up to the table's. Any difference fails the
    job (non-retryable: copy again with the site's writers stopped). Every
    verification unit is bounded by a batch, so a big table is checked in
-   many short units, resumed after a restart from the last one done.
+   many short units, resumed after a restart from the last one done;
+7. ``tail:<n>`` — rows appended to *journal* tables since their close are
+   copied and verified (see below), and their counts checked; another tail
+   follows whenever a journal grew meanwhile, so a copy loses no row the
+   source held when it finished.
+
+Journal tables (``durable.builtin.derived.register_journal``: the Recovery
+events) are append-only logs the engine itself writes to while the copy runs
+— when the copy's own job is taken back after a crash, its
+``job-reclaimed-after-restart`` event lands in the source. A journal row the
+target does not have yet is copied by the verification that finds it (a
+batch, the close, or ``tail``: at most one batch of rows each) and then
+verified like the others; a journal row that *differs* on the target, or
+one deleted from the source, still fails the copy.
 
 The engine's own tables (jobs and their events) are not copied: this job is
 running in them. See README "Moving to another database" for the switch-over.
@@ -45,17 +61,22 @@ from ..errors import InputRejected, NonRetryable
 from ..models import UnitResult
 from ..operations import Access, JobContext, Operation, Unit, register
 from . import inputs
+from .derived import is_journal, rebuilds_after
 from .fence import fenced
 from .tables import (
     Plan,
+    TableDigest,
     TableSpec,
     batches,
     combine,
     count_rows,
+    decode_pk,
     delete_all,
     digest_keys,
     digest_rows,
+    encode_pk,
     missing_tables,
+    next_boundary,
     plan_for,
     read_rows,
     reset_sequences,
@@ -126,8 +147,10 @@ class CopyDatabase(Operation):
         size, source = ctx.input["batch_size"], ctx.input["source"]
         batches_per = {label: units_for(count_rows(specs[label], source), size) for label in specs}
         linked = sum(batches_per[label] for label in plan.deferred)
-        # prepare, the copies, the links, sequences, then each table's batches and its close.
-        return 2 + 2 * sum(batches_per.values()) + linked + len(specs)
+        # prepare, the copies, the links, sequences, rebuild, then each table's batches
+        # and its close, and the journals' tail.
+        tail = int(any(is_journal(label) for label in specs))
+        return 3 + 2 * sum(batches_per.values()) + linked + len(specs) + tail
 
     def units(self, ctx: JobContext) -> Iterator[Unit]:
         checkpoint = ctx.checkpoint or {"phase": "prepare"}
@@ -164,10 +187,25 @@ class CopyDatabase(Operation):
                 raise NonRetryable(f"the site's tables changed during the copy: {exc}") from None
             phase, checkpoint = ("link" if stage == "copy" else "sequences"), {}
         if phase == "sequences":
-            yield Unit(key="sequences", checkpoint={"phase": "verify"})
+            yield Unit(key="sequences", checkpoint={"phase": "rebuild"})
+            phase, checkpoint = "rebuild", {}
+        if phase == "rebuild":
+            yield Unit(key="rebuild", checkpoint={"phase": "verify"})
             phase, checkpoint = "verify", {}
         if phase == "verify":
             yield from self._verify_units(ctx, specs, plan, checkpoint)
+            phase, checkpoint = "tail", {}
+        if phase == "tail" and any(is_journal(label) for label in plan.order):
+            # The first tail always runs (it checks the counts); another one whenever a
+            # journal grew since — when this job was taken back after its last unit, say,
+            # its reclaim event landed in the source after everything was verified.
+            tails = checkpoint.get("tails", 0)
+            while tails == 0 or self._journals_grew(ctx, specs, plan, tails):
+                yield Unit(
+                    key=f"tail:{tails}", payload={"n": tails},
+                    checkpoint={"phase": "tail", "tails": tails + 1},
+                )  # fmt: skip
+                tails += 1
 
     def _verify_units(
         self, ctx: JobContext, specs: dict[str, TableSpec], plan: Plan, checkpoint: dict
@@ -222,16 +260,25 @@ class CopyDatabase(Operation):
                 ) from exc
         if step == "sequences":
             return {"statements": reset_sequences([specs[label] for label in plan.order], target)}
+        if step == "rebuild":
+            rebuilt = rebuilds_after(plan.order)
+            for entry in rebuilt:
+                entry.rebuild(target)
+            return {"rebuilt": [entry.name for entry in rebuilt]}
         if step == "verify":
             faults.reach("dbcopy.before_verify")
-            return self._verify_batch(specs[unit.payload["table"]], source, target, unit.payload)
+            spec = specs[unit.payload["table"]]
+            return self._verify_batch(spec, source, target, unit.payload)
         if step == "verified":
             return self._verify_table(ctx, specs[unit.payload["table"]], source, target)
+        if step == "tail":
+            return self._tail(ctx, specs, plan, source, target, unit.payload["n"])
         raise NonRetryable(f"unknown copy step {unit.key!r}")
 
     def _verify_batch(self, spec: TableSpec, source: str, target: str, payload: dict) -> dict:
         rows = read_rows(spec, source, payload["after"], payload["upto"])
         position = spec.columns.index(spec.pk.attname)
+        appended = _copy_absent(spec, target, rows, position) if is_journal(spec.label) else 0
         ours = digest_rows(rows)  # encoded already: encoding again changes nothing
         theirs = digest_keys(spec, target, [row[position] for row in rows])
         if ours != theirs:
@@ -241,12 +288,19 @@ class CopyDatabase(Operation):
                 f"{ours.hexdigest()[:12]}), target {theirs.rows} rows (digest "
                 f"{theirs.hexdigest()[:12]}); stop the site's writers and copy again"
             )
-        return ours.as_dict()
+        return {**ours.as_dict(), "upto": payload["upto"], "appended": appended}
 
     def _verify_table(self, ctx: JobContext, spec: TableSpec, source: str, target: str) -> dict:
         prefix = f"verify:{spec.label}:"
         found = UnitResult.objects.filter(job_id=ctx.job_id, key__startswith=prefix)
-        whole = combine(found.values_list("result", flat=True))
+        results = {int(key.rsplit(":", 1)[1]): r for key, r in found.values_list("key", "result")}
+        whole = combine(results.values())
+        upto = results[max(results)].get("upto") if results else None
+        appended = 0
+        if is_journal(spec.label):
+            # Appended since its last batch was verified (the engine's own events).
+            extra, upto, appended = self._journal_tail(ctx, spec, source, target, upto)
+            whole.merge(extra.rows, extra.total)
         counts = {"source": count_rows(spec, source), "target": count_rows(spec, target)}
         if counts != {"source": whole.rows, "target": whole.rows}:
             raise NonRetryable(
@@ -254,7 +308,68 @@ class CopyDatabase(Operation):
                 f"rows, the source has {counts['source']} and the target {counts['target']} "
                 "now; stop the site's writers and copy again"
             )
-        return whole.as_dict()
+        return {**whole.as_dict(), "upto": upto, "appended": appended}
+
+    def _journal_tail(
+        self, ctx: JobContext, spec: TableSpec, source: str, target: str, after: Any
+    ) -> tuple[TableDigest, Any, int]:
+        """Copy and verify the journal's rows after ``after``: (digest, new last key, copied).
+
+        One batch at most: more than that appended during a copy is the site
+        writing, which the counts then report.
+        """
+        upto = next_boundary(spec, source, after, ctx.input["batch_size"])
+        if upto is None:
+            return TableDigest(), after, 0
+        result = self._verify_batch(spec, source, target, {"after": after, "upto": upto})
+        digest = TableDigest(rows=int(result["rows"]), total=int(result["digest"], 16))
+        return digest, upto, int(result["appended"])
+
+    def _verified_so_far(self, ctx: JobContext, label: str, tails: int) -> dict:
+        """A journal's rows verified (rows, digest, last key) by its close and ``tails`` tails."""
+        if tails == 0:
+            return UnitResult.objects.get(job_id=ctx.job_id, key=f"verified:{label}").result
+        previous = UnitResult.objects.get(job_id=ctx.job_id, key=f"tail:{tails - 1}").result
+        return previous[label]
+
+    def _journals_grew(
+        self, ctx: JobContext, specs: dict[str, TableSpec], plan: Plan, tails: int
+    ) -> bool:
+        for label in plan.order:
+            if is_journal(label):
+                upto = self._verified_so_far(ctx, label, tails)["upto"]
+                if next_boundary(specs[label], ctx.input["source"], upto, 1) is not None:
+                    return True
+        return False
+
+    def _tail(
+        self,
+        ctx: JobContext,
+        specs: dict[str, TableSpec],
+        plan: Plan,
+        source: str,
+        target: str,
+        tails: int,
+    ) -> dict:
+        """After every close: the journals' rows appended since, copied and verified."""
+        done = {}
+        for label in plan.order:
+            if not is_journal(label):
+                continue
+            spec = specs[label]
+            before = self._verified_so_far(ctx, label, tails)
+            extra, upto, appended = self._journal_tail(ctx, spec, source, target, before["upto"])
+            whole = combine([before])
+            whole.merge(extra.rows, extra.total)
+            counts = {"source": count_rows(spec, source), "target": count_rows(spec, target)}
+            if counts != {"source": whole.rows, "target": whole.rows}:
+                raise NonRetryable(
+                    f"{label} differs after the copy: {whole.rows} rows verified, the source "
+                    f"has {counts['source']} and the target {counts['target']} now; stop the "
+                    "site's writers and copy again"
+                )
+            done[label] = {**whole.as_dict(), "upto": upto, "appended": appended}
+        return done
 
     def _prepare(self, ctx: JobContext, specs: dict[str, TableSpec], plan: Plan) -> dict:
         target = ctx.input["target"]
@@ -289,6 +404,16 @@ class CopyDatabase(Operation):
                 "permissions, so a freshly migrated target needs replace too)"
             )
         return {"deleted": 0}
+
+
+def _copy_absent(spec: TableSpec, target: str, rows: list[list[Any]], position: int) -> int:
+    """Upsert the rows (encoded) whose keys the target lacks; how many there were."""
+    present = spec.model._base_manager.using(target).filter(
+        pk__in=[decode_pk(spec, row[position]) for row in rows]
+    )
+    have = {encode_pk(spec, key) for key in present.values_list(spec.pk.attname, flat=True)}
+    absent = [row for row in rows if row[position] not in have]
+    return upsert(spec, target, absent)
 
 
 def _allowed(spec: TableSpec, alias: str) -> bool:

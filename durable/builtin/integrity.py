@@ -493,7 +493,8 @@ class IntegrityScan(Operation):
             tallies = dict(row.tallies)
             problems = sum(tallies.get(s, 0) for s in FINDINGS)
             if ctx.input["target"] == "database":
-                what = f"{len(self._tables(ctx))} tables of database {ctx.input['database']!r}"
+                tables = len(self._tables(ctx))
+                what = f"{tables} tables of database {ctx.input['database']!r}"
             else:
                 what = f"{tallies.get('checked', 0)} files in {scope_of(ctx.input)}"
             if not problems:
@@ -508,6 +509,9 @@ class IntegrityScan(Operation):
                 )
             row.finished_at = timezone.now()
             row.save(update_fields=["finished_at"])
+        if ctx.input["target"] == "database":
+            # A database scan's tallies count findings only; the tables it checked are here.
+            return {**tallies, "tables": tables}
         return tallies
 
 

@@ -15,12 +15,24 @@ Units, in order:
 4. ``link:<model>:<n>`` — …and filled in by upserting those parts again once
    every row of the cycle exists;
 5. ``sequences`` — move PostgreSQL sequences past the restored ids;
+   ``rebuild`` — recompute the derived tables (``durable.builtin.derived``:
+   day counts, search indexes) from the restored rows. A backup never holds
+   them (one from an older version may: they are skipped), and they are
+   never compared, since a trigger on this database also writes them;
 6. ``check:<model>:<n>`` (``replace`` only) — the digest of one batch of a
    restored table (``CHECK_BATCH`` rows in primary-key order), bounded like
    every other unit;
 7. ``finish`` — with ``replace``, the batches' digests add up per table and
    must equal the manifest's, and each table must still hold the manifest's
    row count; announce ``restore-backup``.
+
+Journal tables (``durable.builtin.derived``: the Recovery events, when
+``DURABLE_RESTORE_KEEP_APPS`` lets them be restored) are logs the engine
+appends to while the restore runs — this job's own reclaim after a crash,
+say. ``clear`` moves their sequences past the backup's last key, so an event
+appended after it can never take a backup row's id, and the check compares
+only the backup's key range with the backup: appended rows are kept, not
+reported as differences.
 
 A ``replace`` restore that ends cancelled or failed after ``clear`` has left
 the restored tables empty or partly loaded. That is announced as a
@@ -51,7 +63,7 @@ from typing import Any
 
 from django import forms
 from django.conf import settings
-from django.db import IntegrityError
+from django.db import IntegrityError, models
 
 from .. import signals
 from ..errors import InputRejected, NonRetryable
@@ -60,12 +72,15 @@ from ..operations import Access, JobContext, Operation, Unit, register
 from ..states import JobState
 from . import backupdir, inputs
 from .announce import announce
+from .derived import derived_labels, is_journal, rebuilds_after
 from .fence import fenced
 from .manifest import MANIFEST, SUMS, is_excluded, reorder, restore_problems
 from .models import Announcement
 from .tables import (
     PlanError,
+    TableDigest,
     TableSpec,
+    advance_sequence,
     batches,
     combine,
     count_rows,
@@ -81,6 +96,7 @@ from .tables import (
 FIELDS = ("name", "database", "replace", "exclude")
 CHECK_BATCH = 2000  # rows per check unit
 STOPPED = (JobState.CANCELLED, JobState.FAILED)
+AUTO_FIELDS = (models.AutoField, models.BigAutoField, models.SmallAutoField)
 INTERRUPTED_KEY = "restore-interrupted"
 MAX_LISTED = 10
 
@@ -179,9 +195,13 @@ class RestoreDatabase(Operation):
             raise NonRetryable("the backup's manifest changed during the restore; start again")
         return json.loads(raw)
 
+    def _skipped(self, ctx: JobContext) -> set[str]:
+        """Excluded tables, and the derived ones (rebuilt, never restored)."""
+        return set(ctx.input["exclude"]) | derived_labels()
+
     def _restored(self, ctx: JobContext, manifest: dict[str, Any]) -> list[dict[str, Any]]:
-        exclude = set(ctx.input["exclude"])
-        return [t for t in manifest["tables"] if not is_excluded(t["model"], exclude)]
+        skipped = self._skipped(ctx)
+        return [t for t in manifest["tables"] if not is_excluded(t["model"], skipped)]
 
     def _plan(self, ctx: JobContext, manifest: dict[str, Any]) -> tuple[list[str], dict]:
         site = self._site(ctx)
@@ -200,7 +220,7 @@ class RestoreDatabase(Operation):
         for label in order:
             if label in deferred:
                 steps += [f"link:{label}:{n}" for n in range(len(tables[label]["parts"]))]
-        steps.append("sequences")
+        steps += ["sequences", "rebuild"]
         if ctx.input["replace"]:
             steps.append("check")  # not a unit: it stands for the check batches
         return [*steps, "finish"]
@@ -273,12 +293,15 @@ class RestoreDatabase(Operation):
             try:
                 with fenced(ctx):  # a worker that lost the job must not delete others' work
                     deleted = delete_all([site[label] for label in order], alias)
+                    ends = self._journal_ends(ctx, manifest, site)
+                    for label, end in ends.items():
+                        advance_sequence(site[label], alias, end)
             except IntegrityError as exc:
                 raise NonRetryable(
                     f"the current rows cannot be deleted ({exc}); a table left out of the "
                     "restore still references them"
                 ) from exc
-            return {"deleted": sum(deleted.values())}
+            return {"deleted": sum(deleted.values()), "journals": ends}
         if step in ("load", "link"):
             label, number = rest.rsplit(":", 1)
             table = next(t for t in manifest["tables"] if t["model"] == label)
@@ -297,11 +320,20 @@ class RestoreDatabase(Operation):
                 ) from exc
         if step == "sequences":
             return {"statements": reset_sequences([site[label] for label in order], alias)}
+        if step == "rebuild":
+            rebuilt = rebuilds_after(order)
+            for entry in rebuilt:
+                entry.rebuild(alias)
+            return {"rebuilt": [entry.name for entry in rebuilt]}
         if step == "check":
             payload = unit.payload
-            return digest_batch(
-                site[payload["table"]], alias, payload["after"], payload["upto"]
-            ).as_dict()
+            after, upto = payload["after"], payload["upto"]
+            end = self._recorded_ends(ctx).get(payload["table"])
+            if end is not None:  # a journal: rows appended after the clear are not the backup's
+                if after is not None and after >= end:
+                    return TableDigest().as_dict()
+                upto = min(upto, end)
+            return digest_batch(site[payload["table"]], alias, after, upto).as_dict()
         if step == "finish":
             return self._finish(ctx, manifest, [site[label] for label in order])
         raise NonRetryable(f"unknown restore step {unit.key!r}")
@@ -321,6 +353,25 @@ class RestoreDatabase(Operation):
             f"refused to restore {ctx.input['name']!r}: {reason}; nothing was changed"
         )
 
+    def _journal_ends(
+        self, ctx: JobContext, manifest: dict[str, Any], site: dict[str, TableSpec]
+    ) -> dict[str, int]:
+        """The backup's highest key of each restored journal with integer keys (0: empty)."""
+        ends = {}
+        for table in self._restored(ctx, manifest):
+            label = table["model"]
+            if not is_journal(label) or not isinstance(site[label].pk, AUTO_FIELDS):
+                continue
+            position = table["columns"].index(site[label].pk.attname)
+            last = table["parts"][-1:]  # parts are in key order: the last holds the highest
+            rows = backupdir.read_part(self._path(ctx), last[0], table["columns"]) if last else []
+            ends[label] = max((int(row[position]) for row in rows), default=0)
+        return ends
+
+    def _recorded_ends(self, ctx: JobContext) -> dict[str, int]:
+        cleared = UnitResult.objects.filter(job_id=ctx.job_id, key="clear").first()
+        return (cleared.result or {}).get("journals", {}) if cleared else {}
+
     def _verify(self, ctx: JobContext, expected_sha: str | None) -> dict[str, Any]:
         try:
             manifest = backupdir.verify(self._path(ctx))
@@ -329,7 +380,7 @@ class RestoreDatabase(Operation):
         if _sha256_of(self._path(ctx) / MANIFEST) != expected_sha:
             raise RuntimeError("the manifest changed while it was being verified; verifying again")
         site = {label: spec.columns for label, spec in self._site(ctx).items()}
-        if problems := restore_problems(manifest, site, set(ctx.input["exclude"])):
+        if problems := restore_problems(manifest, site, self._skipped(ctx)):
             raise self._refuse(ctx, "; ".join(problems[:5]))
         try:
             self._plan(ctx, manifest)
@@ -344,6 +395,7 @@ class RestoreDatabase(Operation):
         alias, replace = ctx.input["database"], ctx.input["replace"]
         tables = {t["model"]: t for t in self._restored(ctx, manifest)}
         if replace:
+            ends = self._recorded_ends(ctx)
             checked: dict[str, list[Any]] = {spec.label: [] for spec in specs}
             found_checks = UnitResult.objects.filter(job_id=ctx.job_id, key__startswith="check:")
             for key, result in found_checks.values_list("key", "result"):
@@ -352,7 +404,10 @@ class RestoreDatabase(Operation):
             for spec in specs:
                 found = combine(checked[spec.label])
                 table = tables[spec.label]
-                now = count_rows(spec, alias)  # and nothing was written since the checks
+                # ...and nothing was written since the checks (journals: in the backup's range).
+                end = ends.get(spec.label)
+                rows = spec.model._base_manager.using(alias)
+                now = count_rows(spec, alias) if end is None else rows.filter(pk__lte=end).count()
                 if (found.rows, found.hexdigest(), now) != (
                     table["rows"], table["digest"], table["rows"],
                 ):  # fmt: skip

@@ -10,7 +10,9 @@ values instead of being stamped with the time of the restore.
 
 The engine's own tables (the ``durable`` app: jobs, events, unit results,
 workers, inventories) are never part of the set: a restore that rewrote the
-job table would rewrite the row of the very job doing the restore.
+job table would rewrite the row of the very job doing the restore. Nor are
+tables an app declared *derived* (``durable.builtin.derived``): they are
+rebuilt from their sources instead of moved.
 
 Top to bottom: pure helpers (value encoding, the order-independent table
 digest, the foreign-key plan), then the functions that touch a database.
@@ -34,6 +36,8 @@ from django.core.management.color import no_style
 from django.db import connections, models, router, transaction
 from django.db.models.constants import OnConflict
 from django.utils.duration import duration_string
+
+from .derived import derived_labels
 
 ENGINE_APP = "durable"
 MAX_DIGEST = 2**256
@@ -326,8 +330,11 @@ def parse_exclude(values: Iterable[str]) -> list[str]:
 
 
 def site_tables(alias: str, exclude: Iterable[str] = ()) -> list[TableSpec]:
-    """Every table this site's models keep on ``alias``, by label, minus the engine's."""
-    excluded = set(exclude)
+    """Every table this site's models keep on ``alias``, by label, minus the engine's.
+
+    Derived tables are left out too: they are rebuilt, never moved or compared.
+    """
+    excluded = set(exclude) | derived_labels()
     specs = []
     for model in apps.get_models(include_auto_created=True):
         opts = model._meta
@@ -545,6 +552,38 @@ def reset_sequences(specs: Sequence[TableSpec], alias: str) -> int:
             for sql in statements:
                 cursor.execute(sql)
     return len(statements)
+
+
+def advance_sequence(spec: TableSpec, alias: str, past: int) -> None:
+    """Make the next id the database hands out for ``spec`` greater than ``past``.
+
+    Never moves a sequence back. For a journal a restore is about to refill:
+    a row the engine appends meanwhile must not take an id the backup's rows
+    will be written under (the upsert would overwrite it).
+    """
+    if past < 1:
+        return  # every id is greater than 0 already
+    connection = connections[alias]
+    table = connection.ops.quote_name(spec.table)
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_get_serial_sequence(%s, %s)", [table, spec.pk.column])
+            (sequence,) = cursor.fetchone()
+            if sequence is None:
+                return  # no sequence: ids are given explicitly
+            # The sequence's own name, as PostgreSQL returned it (quoted where needed).
+            current = f"SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {sequence}"  # noqa: S608
+            cursor.execute(f"SELECT setval(%s, GREATEST(%s, ({current})))", [sequence, past])
+        elif connection.vendor == "sqlite":
+            cursor.execute(
+                "UPDATE sqlite_sequence SET seq = MAX(seq, %s) WHERE name = %s", [past, spec.table]
+            )
+            if cursor.rowcount == 0:
+                cursor.execute(
+                    "INSERT INTO sqlite_sequence (name, seq) SELECT %s, %s WHERE EXISTS "
+                    "(SELECT 1 FROM sqlite_master WHERE name = 'sqlite_sequence')",
+                    [spec.table, past],
+                )
 
 
 def migration_state(alias: str) -> dict[str, str]:

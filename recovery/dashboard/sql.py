@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 log = logging.getLogger("recovery.dashboard")
@@ -293,6 +293,49 @@ def catch_up(connection: BaseDatabaseWrapper, batch: int = CATCH_UP_BATCH) -> in
         if cursor.rowcount != 1:  # pragma: no cover - SQLite serialises writers
             raise RuntimeError("the search cursor moved under this catch-up")
     return count
+
+
+# Derived tables (``durable.builtin.derived``): backup, restore and db.copy never move
+# these; after writing events they call ``rebuild`` on that database.
+DERIVED_MODELS = ("recovery.dailycount", "recovery.searchcursor")
+SOURCE_MODELS = ("recovery.recoveryevent",)
+
+_SQLITE_RESET = [
+    f"INSERT INTO {FTS} ({FTS}) VALUES ('delete-all')",
+    f"DELETE FROM {COUNTS}",
+    f"DELETE FROM {CURSOR}",
+    f"INSERT INTO {CURSOR} (id, indexed_upto) VALUES (1, 0)",
+]
+_PG_REBUILD = [
+    # Waits for the writers in flight and holds new ones until the counts are
+    # rebuilt: a concurrent insert is counted once, by its trigger, after us.
+    f"LOCK TABLE {EVENTS} IN SHARE MODE",
+    f"DELETE FROM {COUNTS}",
+    f"""INSERT INTO {COUNTS} (day, failed, deleted, events)
+        SELECT {_PG_DAY}, done IS FALSE, deleted_data, count(*) FROM {EVENTS} GROUP BY 1, 2, 3""",
+]
+
+
+def rebuild(alias: str) -> None:
+    """Recompute the counts (and SQLite's search index) on ``alias`` from its events.
+
+    After a restore or a copy wrote events by primary key. PostgreSQL: the
+    counts are recounted in one statement (the GIN indexes are indexes). SQLite:
+    the index, the counts and the cursor are reset to "nothing indexed" —
+    readers then scan and count every event directly, exact at once — and the
+    first batch is caught up here; the indexer job does the rest, in bounded
+    batches, as after any ingest. An event written below the old cursor by
+    the restore would otherwise never be indexed.
+    """
+    connection = connections[alias]
+    with transaction.atomic(using=alias), connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            for statement in _PG_REBUILD:
+                cursor.execute(statement)
+        elif connection.vendor == "sqlite":
+            for statement in _SQLITE_RESET:
+                cursor.execute(statement)
+            catch_up(connection)
 
 
 def uninstall(connection: BaseDatabaseWrapper) -> None:

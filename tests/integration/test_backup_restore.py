@@ -629,6 +629,30 @@ def test_backup__a_snapshot_backup_resumes_from_its_snapshot_after_a_crash(backu
     assert sorted(p.name for p in backups.iterdir()) == ["snap"]
 
 
+@pytest.mark.skipif(PG, reason="snapshots are for SQLite")
+@committed
+def test_backup__a_snapshot_backup_killed_right_after_publishing_resumes(backups, workers):
+    # The snapshot was deleted before the rename while the saved progress (still in the
+    # "tables" phase) planned the repeated publish from it: every retry failed.
+    make_dataset()
+    at_start = contents("default")
+    job = jobs.enqueue(
+        "backup.database",
+        {"name": "snap", "batch_size": 4, "exclude": TEST_EXCLUDE, "snapshot": True},
+    )
+    env = {"DURABLE_BACKUP_DIR": str(backups)}
+    killed = workers.run(faults="backup.after_publish", lease=LEASE, env=env)
+    assert killed.returncode == -signal.SIGKILL, workers.log(killed)
+    assert (backups / "snap").is_dir()  # published, the event not yet recorded
+    assert workers.run(lease=LEASE, env=env).returncode == 0
+    job.refresh_from_db()
+    assert (job.state, job.reclaims) == ("completed", 1), job.reason
+    assert backup_contents(backups / "snap") == at_start
+    types = sorted(RecordedEvent.objects.filter(job_id=job.pk).values_list("type", "done"))
+    assert types == [("backup-created", True), ("backup-verified", True)]
+    assert sorted(p.name for p in backups.iterdir()) == ["snap"]  # the snapshot is gone too
+
+
 def test_backup__a_failed_backup_is_reported_as_not_done(backups):
     job = jobs.enqueue("backup.database", {"name": "late"})
     (backups / "late").mkdir()  # someone took the name after the job was queued

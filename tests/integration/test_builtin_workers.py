@@ -386,6 +386,32 @@ def test_files__a_crash_between_copy_and_delete_is_finished_without_copying_agai
     assert (again.st_ino, again.st_mtime_ns) == (copy.st_ino, copy.st_mtime_ns)  # not rewritten
 
 
+def test_files__a_long_move_killed_more_often_than_its_attempts_still_finishes(
+    workers, tmp_path, settings
+):
+    # Each worker moves a file (or copies one) and is killed: deaths after progress spend no
+    # attempt (issue 11), so a move of many files survives more kills than max_attempts.
+    files = FilesCase(tmp_path, settings)
+    many = {f"many/{n:02d}.bin": bytes([n]) * (2000 + n) for n in range(10)}
+    for name, data in many.items():
+        (files.src / name).parent.mkdir(parents=True, exist_ok=True)
+        (files.src / name).write_bytes(data)
+    files.start()
+    limit = files.job().max_attempts
+    kills = ["after_checkpoint:1"] * limit + ["files.after_copy:1", "after_checkpoint:1"]
+    for fault in kills:
+        crashed = workers.run(faults=fault, env=files.env)
+        assert crashed.returncode == -signal.SIGKILL, workers.log(crashed)
+        assert files.job().state == "running"
+    finished = workers.run(env=files.env)
+    assert finished.returncode == 0, workers.log(finished)
+    job = files.job()
+    assert job.state == "completed", job.reason
+    assert job.reclaims == len(kills) > limit
+    assert tree(files.dst) == {**FILES, **many}
+    assert tree(files.src) == {}
+
+
 # --- schedules: several workers, crashes mid-tick, catch-up -----------------------------
 
 

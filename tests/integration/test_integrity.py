@@ -24,6 +24,7 @@ from durable.builtin.integrity import ScanForm
 from durable.builtin.models import IntegrityScope, InventoryEntry
 from durable.errors import InputRejected
 from durable.lease import claim
+from durable.management.commands.integrity_scan import scan_summary
 from durable.operations import JobContext, get_operation
 from durable.worker import Worker
 from tests.opsapp.models import RecordedEvent, Sample
@@ -343,3 +344,34 @@ def test_command__integrity_scan_inline(scan_root, capsys):
     call_command("integrity_scan", "--storage", "scan", "--prefix", "/a/", "--inline")
     out = capsys.readouterr().out
     assert "scanned storage:scan:a: 3 checked, 3 new" in out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_command__a_database_scan_says_how_many_tables_it_checked(capsys):
+    # transaction=True: --inline runs the job in a thread with its own connection.
+    # It printed "nothing to check" while its integrity-ok event said it checked 41 tables.
+    call_command("integrity_scan", "--database", "default", "--inline")
+    out = capsys.readouterr().out
+    tables = len(connections["default"].introspection.table_names())
+    assert f"scanned database:default: {tables} tables checked, no problems" in out
+    assert "nothing to check" not in out
+
+
+@pytest.mark.parametrize(
+    ("data", "tallies", "expected"),
+    [
+        # A database scan: its tallies count tables with problems; "tables" says how many.
+        ({"target": "database", "database": "x"}, {"tables": 3, "corrupted": 0},
+         "scanned database:x: 3 tables checked, no problems"),
+        ({"target": "database", "database": "x"}, {"tables": 3, "corrupted": 1},
+         "scanned database:x: 3 tables checked, 1 with problems"),
+        ({"target": "database", "database": "x"}, {"corrupted": 0},
+         "scanned database:x: nothing to check"),  # no table at all
+        ({"target": "storage", "storage": "s", "prefix": ""}, {"checked": 2, "new": 2},
+         "scanned storage:s:: 2 checked, 2 new"),
+        ({"target": "storage", "storage": "s", "prefix": ""}, {"checked": 0},
+         "scanned storage:s:: nothing to check"),
+    ],
+)  # fmt: skip
+def test_summary__says_what_was_checked(data, tallies, expected):
+    assert scan_summary(data, tallies) == expected

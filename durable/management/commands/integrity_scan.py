@@ -41,7 +41,17 @@ class Command(OperationCommand):
         return data
 
     def summary(self, job: Job) -> str:
-        tallies = unit_result(job, "report")
-        order = ("checked", "new", "ok", "modified", "corrupted", "missing")
-        found = ", ".join(f"{tallies[name]} {name}" for name in order if tallies.get(name))
-        return f"scanned {scope_of(job.input)}: {found or 'nothing to check'}"
+        return scan_summary(job.input, unit_result(job, "report"))
+
+
+def scan_summary(data: dict[str, Any], tallies: dict[str, Any]) -> str:
+    """One line for the operator; "nothing to check" only when nothing was checked."""
+    if data.get("target") == "database":
+        tables = tallies.get("tables", 0)
+        problems = tallies.get("corrupted", 0)
+        found = f"{tables} tables checked, " + (f"{problems} with problems" if problems else
+                                                 "no problems")  # fmt: skip
+        return f"scanned {scope_of(data)}: {found if tables else 'nothing to check'}"
+    order = ("checked", "new", "ok", "modified", "corrupted", "missing")
+    found = ", ".join(f"{tallies[name]} {name}" for name in order if tallies.get(name))
+    return f"scanned {scope_of(data)}: {found or 'nothing to check'}"
