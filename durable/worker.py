@@ -39,7 +39,7 @@ from . import faults, rescue, signals
 from . import lease as leases
 from .errors import LeaseLost, NonRetryable, RetryLater, Stopping, Unavailable, UnitTimeout
 from .lease import Lease
-from .models import Job
+from .models import Job, WorkerProcess
 from .operations import JobContext, Operation, Unit, check_payload, get_operation, registered
 from .policy import backoff_delay, error_entry
 from .states import JobState
@@ -186,6 +186,8 @@ class Worker:
             # os._exit ends it; peers here see the PID gone, others the lease expire.
             if not self.abandoned_units:
                 rescue.mark_stopped(self.worker_id)
+            if self._hung_since is not None:  # exit 70, not a clean stop
+                rescue.record_exit_reason(self.worker_id, WorkerProcess.EXIT_UNIT_TIMEOUT)
         finally:
             connection.close()
         log.info("worker stopped", extra={"worker": self.worker_id, "jobs_done": self._jobs_done})
@@ -646,6 +648,10 @@ class Worker:
                 "exiting with a unit still running; its job is taken back as after a crash",
                 extra={"worker": self.worker_id, "jobs": [e.lease.job_id for e in hung]},
             )
+            try:  # for the Workers page; the exit must not depend on the database
+                rescue.record_exit_reason(self.worker_id, WorkerProcess.EXIT_UNIT_TIMEOUT)
+            except Exception:
+                log.exception("could not record the exit reason")
             logging.shutdown()
             sys.stdout.flush()
             sys.stderr.flush()

@@ -31,10 +31,11 @@ from durable import jobs as engine
 from durable.errors import DurableError, InputRejected, UnknownOperation
 from durable.models import Job
 from durable.operations import registered
+from durable.queues import paused_queues
 from durable.states import JobState, OnRestart
 from recovery.models import RecoveryEvent
 
-from . import audit, rights
+from . import audit, console, rights
 from .access import (
     allowed_actions,
     can_act,
@@ -61,7 +62,17 @@ ENGINE_ACTIONS = {
     "resume": engine.resume,
     "cancel": engine.cancel,
     "retry": engine.retry_now,
+    "discard": lambda job_id, actor: engine.discard([job_id])[0],
 }
+
+
+def apply_to(action: str, ids: list[int], actor: str) -> list[Any]:
+    """The engine's outcomes of ``action`` on ``ids`` (discard deletes: its own call)."""
+    if action == "discard":
+        return engine.discard(ids)
+    return engine.act(action, ids, actor=actor)
+
+
 # Sent with every action's htmx reply: the Jobs table re-reads itself on it (it may
 # not be polling: whether it polls was decided when it was last rendered).
 CHANGED_EVENT = "jobs-changed"
@@ -133,8 +144,10 @@ def job_list(request: HttpRequest) -> HttpResponse:
     query = parse_table_query(request.GET, JOB_FILTERS)
     listing = jobs_listing(query, now)
     allowed = allowed_actions(request.user)
+    served, paused = console.serving(now), set(paused_queues())
     for job in listing.rows:
         decorate(job, allowed, now)
+        job.why_waiting = console.why_waiting(job, served, paused)
     context = page_context(
         request,
         "jobs",
@@ -168,6 +181,7 @@ def detail_context(request: HttpRequest, job: Job) -> dict[str, Any]:
     """
     now = timezone.now()
     decorate(job, allowed_actions(request.user), now)
+    job.why_waiting = console.why_waiting(job, console.serving(now), set(paused_queues()))
     upto = _seq_param(request.GET.get("upto"), job.event_seq)
     detail_url = reverse("problems:job", args=[job.pk])
     # "Earlier events" keeps its place while it polls; the latest events need no ?upto=.
@@ -259,7 +273,9 @@ def _answer(request: HttpRequest, job_id: int, said: Any, fallback: str) -> Http
 @require_POST
 def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
     if action not in ENGINE_ACTIONS:
-        raise Http404(f"There is no action {action[:40]!r}: pause, resume, cancel or retry.")
+        raise Http404(
+            f"There is no action {action[:40]!r}: pause, resume, cancel, retry or discard."
+        )
     if not can_act(request.user, action):
         return refuse(request, f"no-permission:{action}", f"You may not {action} jobs.")
     outcome = ENGINE_ACTIONS[action](job_id, actor=audit.actor(request))
@@ -269,7 +285,7 @@ def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
     operation = Job.objects.filter(pk=job_id).values_list("operation", flat=True).first() or ""
     audit.record_action(
         request,
-        audit.ACTION_EVENT,
+        audit.event_for(action),
         detail=f"{audit.actor(request)}: {action} job {job_id} — {said.text}",
         done=not outcome.refused,
         job_ids=[job_id],
@@ -372,12 +388,12 @@ def _int(value: Any, default: int) -> int:
 
 
 def _bulk_selected(request: HttpRequest, action: str, ids: list[int], back: str) -> HttpResponse:
-    outcomes = engine.act(action, ids, actor=audit.actor(request))
+    outcomes = apply_to(action, ids, audit.actor(request))
     said = summarize(action, [(o.applied, o.refusal) for o in outcomes])
     refused = [o for o in outcomes if o.refused]
     audit.record_action(
         request,
-        audit.ACTION_EVENT,
+        audit.event_for(action),
         detail=f"{audit.actor(request)}: {action} {len(ids)} selected jobs — {said.text}",
         done=not refused,
         job_ids=ids,

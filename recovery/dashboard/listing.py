@@ -63,6 +63,7 @@ JOB_FILTERS = (
     Filter("state", JOB_STATES, "all"),
     Filter("operation"),
     Filter("error"),
+    Filter("queue"),
 )
 
 
@@ -404,7 +405,8 @@ def job_filter(queryset: QuerySet, spec: dict[str, str], now: datetime) -> Query
     Shared by the list, the bulk-action confirmation and the bulk-action job,
     so "everything matching the current filter" means the same everywhere.
     ``q`` is a job id (``42`` or ``#42``) or a literal piece of the operation
-    name, the owner or the lease owner (the worker holding it: ``host:pid:…``).
+    name, the owner, the lease owner (the worker holding it: ``host:pid:…``), the
+    last error's class or the reason it stopped (for a failed job, its error message).
     """
     state = spec.get("state") or "all"
     if state == "active":
@@ -417,6 +419,8 @@ def job_filter(queryset: QuerySet, spec: dict[str, str], now: datetime) -> Query
         queryset = queryset.filter(operation=spec["operation"])
     if spec.get("error"):
         queryset = queryset.filter(last_error_class=spec["error"])
+    if spec.get("queue"):
+        queryset = queryset.filter(queue=spec["queue"])
     text = (spec.get("q") or "").strip()
     if text:
         condition = (
@@ -424,7 +428,11 @@ def job_filter(queryset: QuerySet, spec: dict[str, str], now: datetime) -> Query
         )
         digits = text.removeprefix("#")
         if digits.isascii() and digits.isdigit() and len(digits) <= 18:
-            condition |= Q(pk=int(digits))
+            condition |= Q(pk=int(digits))  # a number is a job id, not a piece of a message
+        else:
+            # the error: its class and the reason it stopped (a failed job's message). Not
+            # the ``errors`` JSON as text: "[" or "message" would match every job with one.
+            condition |= Q(last_error_class__icontains=text) | Q(reason__icontains=text)
         queryset = queryset.filter(condition)
     return queryset
 

@@ -1,0 +1,328 @@
+"""The operators' console: Queues, Workers and throughput over time.
+
+"Is the system healthy, and why is my job not running?" — one row per queue (ready,
+scheduled, running, paused, failed, the oldest ready job's wait, the live workers that
+serve it, finished in the last hour), one row per worker process (live or recently
+stopped, and how it stopped), and completed/failed/retried jobs per minute or hour.
+
+Every number comes from a grouped query on an indexed column; nothing here reads rows
+one by one, so the pages cost the same at 100,000 jobs as at 100. Pausing a queue goes
+through ``durable.queues`` (the engine owns the state; the claim reads it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.contrib import messages
+from django.db.models import Count, Min, Q
+from django.db.models.functions import TruncHour, TruncMinute
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_POST, require_safe
+
+from durable.models import Job, JobEvent, WorkerProcess, database_now
+from durable.policy import worker_alive
+from durable.queues import MAX_QUEUE_CHARS, pause_queue, paused_queues, resume_queue
+from durable.states import LEASED_STATES, JobState
+
+from . import audit, rights
+from . import throughput as tp
+from .access import held, refuse, staff_required, viewer_of
+from .query import clean_query, parse_choice
+from .views import page_context
+
+RECENT_STOPS = timedelta(hours=24)  # stopped workers shown this long
+WORKERS_SHOWN = 200
+LIVE_HORIZON = timedelta(hours=1)  # rows read to find live workers (each judged by its lease)
+
+
+# --- workers ------------------------------------------------------------------------------
+
+STATUS_LABELS = {
+    "live": "Live",
+    "silent": "Lost (no heartbeat)",
+    "clean": "Stopped cleanly",
+    "lost": "Lost (killed or crashed)",
+    "unit-timeout": "Exit 70 (a unit overran its timeout)",
+    "stopped": "Stopped",
+}
+
+
+def worker_status(
+    *,
+    stopped_at: datetime | None,
+    exit_reason: str,
+    heartbeat_at: datetime,
+    lease_seconds: float,
+    now: datetime,
+) -> str:
+    """How a worker process is, or how it ended (a key of ``STATUS_LABELS``). Pure.
+
+    Exit 70 is recorded by the worker itself before it leaves, and stays even when a
+    peer later finds it gone; a worker that is silent beyond its own lease but not yet
+    found gone is "silent" — lost for all practical purposes.
+    """
+    if exit_reason == WorkerProcess.EXIT_UNIT_TIMEOUT:
+        return "unit-timeout"
+    if stopped_at is not None:
+        return exit_reason if exit_reason in STATUS_LABELS else "stopped"
+    if worker_alive(heartbeat_at=heartbeat_at, lease_seconds=lease_seconds, now=now):
+        return "live"
+    return "silent"
+
+
+def live_workers(now: datetime) -> list[WorkerProcess]:
+    rows = WorkerProcess.objects.not_stopped(now, LIVE_HORIZON).exclude(
+        exit_reason=WorkerProcess.EXIT_UNIT_TIMEOUT
+    )
+    return [
+        w
+        for w in rows
+        if worker_alive(heartbeat_at=w.heartbeat_at, lease_seconds=w.lease_seconds, now=now)
+    ]
+
+
+def serving(now: datetime) -> dict[str, list[str]]:
+    """Queue → ids of the live workers that claim from it."""
+    served: dict[str, list[str]] = {}
+    for worker in live_workers(now):
+        for queue in worker.queues or []:
+            served.setdefault(str(queue), []).append(worker.worker_id)
+    return served
+
+
+def why_waiting(job: Job, served: dict[str, list[str]], paused: set[str]) -> str:
+    """For a due queued job: why no worker takes it ("" when one should). Pure."""
+    if job.state != JobState.QUEUED:
+        return ""
+    if job.queue in paused:
+        return f"queue {job.queue} is paused"
+    if job.queue not in served:
+        return f"no live worker serves queue {job.queue}"
+    return ""
+
+
+@viewer_of("jobs")
+@require_safe
+def workers(request: HttpRequest) -> HttpResponse:
+    now = database_now()
+    rows = list(
+        WorkerProcess.objects.filter(
+            Q(stopped_at__isnull=True) | Q(stopped_at__gte=now - RECENT_STOPS)
+        ).order_by("-started_at")[:WORKERS_SHOWN]
+    )
+    holding: dict[str, list[Job]] = {}
+    for job in Job.objects.filter(
+        state__in=LEASED_STATES, lease_owner__in=[w.worker_id for w in rows]
+    ).only("id", "operation", "state", "units_done", "units_total", "lease_owner", "checkpoint"):
+        holding.setdefault(job.lease_owner, []).append(job)
+    for worker in rows:
+        worker.status = worker_status(
+            stopped_at=worker.stopped_at,
+            exit_reason=worker.exit_reason,
+            heartbeat_at=worker.heartbeat_at,
+            lease_seconds=worker.lease_seconds,
+            now=now,
+        )
+        worker.status_label = STATUS_LABELS[worker.status]
+        worker.holding = sorted(holding.get(worker.worker_id, []), key=lambda j: j.pk)
+    counts: dict[str, int] = {}
+    for worker in rows:
+        counts[worker.status] = counts.get(worker.status, 0) + 1
+    context = page_context(
+        request, "workers", workers=rows, now=now, counts=counts, recent=RECENT_STOPS
+    )
+    return render(request, "problems/workers.html", context)
+
+
+# --- queues -------------------------------------------------------------------------------
+
+
+@dataclass
+class QueueRow:
+    name: str
+    ready: int = 0
+    scheduled: int = 0
+    running: int = 0
+    paused_jobs: int = 0
+    failed: int = 0
+    oldest_ready: datetime | None = None
+    completed_hour: int = 0
+    failed_hour: int = 0
+    workers: list[str] = field(default_factory=list)
+    paused: Any = None  # the PausedQueue row while the queue is paused
+
+    @property
+    def unserved(self) -> bool:
+        """Work waits here and no live worker will ever take it."""
+        return not self.workers and (self.ready or self.scheduled) > 0
+
+
+def queue_rows(now: datetime) -> list[QueueRow]:
+    rows: dict[str, QueueRow] = {}
+
+    def row(name: str) -> QueueRow:
+        return rows.setdefault(name, QueueRow(name))
+
+    due = Q(state=JobState.QUEUED, next_attempt_at__lte=now)
+    unfinished = (
+        Job.objects.filter(
+            state__in=[JobState.QUEUED, JobState.RUNNING, JobState.PAUSED, JobState.CANCELLING]
+        )
+        .values("queue")
+        .annotate(
+            ready=Count("id", filter=due),
+            scheduled=Count("id", filter=Q(state=JobState.QUEUED, next_attempt_at__gt=now)),
+            running=Count("id", filter=Q(state__in=[JobState.RUNNING, JobState.CANCELLING])),
+            paused=Count("id", filter=Q(state=JobState.PAUSED)),
+            oldest=Min("next_attempt_at", filter=due),
+        )
+        .order_by()
+    )
+    for values in unfinished:
+        r = row(values["queue"])
+        r.ready, r.scheduled, r.running = values["ready"], values["scheduled"], values["running"]
+        r.paused_jobs, r.oldest_ready = values["paused"], values["oldest"]
+    failed = Job.objects.filter(state=JobState.FAILED).values("queue").annotate(n=Count("id"))
+    for values in failed.order_by():
+        row(values["queue"]).failed = values["n"]
+    hour = (
+        Job.objects.filter(finished_at__gte=now - timedelta(hours=1))
+        .values("queue")
+        .annotate(
+            completed=Count("id", filter=Q(state=JobState.COMPLETED)),
+            failed=Count("id", filter=Q(state=JobState.FAILED)),
+        )
+        .order_by()
+    )
+    for values in hour:
+        r = row(values["queue"])
+        r.completed_hour, r.failed_hour = values["completed"], values["failed"]
+    for name, worker_ids in serving(now).items():
+        row(name).workers = sorted(worker_ids)
+    for name, paused in paused_queues().items():
+        row(name).paused = paused
+    return sorted(rows.values(), key=lambda r: r.name)
+
+
+@viewer_of("jobs")
+@require_safe
+def queues(request: HttpRequest) -> HttpResponse:
+    now = database_now()
+    chart = throughput_context(request, now)
+    context = page_context(
+        request,
+        "queues",
+        queues=queue_rows(now),
+        now=now,
+        may_pause_queues=rights.may_pause_queues(held(request.user)),
+        **chart,
+    )
+    return render(request, "problems/queues.html", context)
+
+
+@staff_required
+@require_POST
+def queue_change(request: HttpRequest, change: str) -> HttpResponse:
+    back = reverse("problems:queues")
+    if change not in ("pause", "resume"):
+        return refuse(request, "bad-request:queue-change", "Queues are paused or resumed.")
+    if not rights.may_pause_queues(held(request.user)):
+        return refuse(
+            request,
+            f"no-permission:{change}-queue",
+            f"You may not {change} queues ({rights.QUEUE_PERMISSION}).",
+        )
+    name = clean_query(request.POST.get("queue"), MAX_QUEUE_CHARS)
+    if not name:
+        messages.error(request, "Which queue? The form named none.")
+        return redirect(back)
+    actor = audit.actor(request)
+    if change == "pause":
+        reason = clean_query(request.POST.get("reason"), 500)
+        changed = pause_queue(name, actor=actor, reason=reason)
+        text = (
+            f"Queue {name} paused: workers take no new job from it; running jobs go on."
+            if changed
+            else f"Queue {name} is already paused: nothing to do."
+        )
+    else:
+        changed = resume_queue(name)
+        text = (
+            f"Queue {name} resumed: workers take its jobs again."
+            if changed
+            else f"Queue {name} is not paused: nothing to do."
+        )
+    audit.record_action(
+        request,
+        audit.QUEUE_EVENT,
+        detail=f"{actor}: {change} queue {name} — {text}",
+        done=True,
+        object_ids=[name],
+        titles=[name],
+    )
+    (messages.success if changed else messages.info)(request, text)
+    return redirect(back)
+
+
+# --- throughput ---------------------------------------------------------------------------
+
+
+def throughput_counts(
+    start: datetime, range_name: str, *, queue: str = "", operation: str = ""
+) -> dict[tuple[datetime, str], int]:
+    """(slot, kind) → count since ``start``: two grouped queries on indexed columns."""
+    step = tp.RANGES[range_name][0]
+    trunc = TruncHour if step >= timedelta(hours=1) else TruncMinute
+    finished = Job.objects.filter(
+        finished_at__gte=start, state__in=[JobState.COMPLETED, JobState.FAILED]
+    )
+    retries = JobEvent.objects.filter(kind="retry_scheduled", created_at__gte=start)
+    if queue:
+        finished = finished.filter(queue=queue)
+        retries = retries.filter(job__queue=queue)
+    if operation:
+        finished = finished.filter(operation=operation)
+        retries = retries.filter(job__operation=operation)
+    counts: dict[tuple[datetime, str], int] = {}
+    grouped = (
+        finished.annotate(slot=trunc("finished_at"))
+        .values("slot", "state")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for values in grouped:
+        key = (_utc(values["slot"]), values["state"])
+        counts[key] = counts.get(key, 0) + values["n"]
+    grouped = (
+        retries.annotate(slot=trunc("created_at")).values("slot").annotate(n=Count("id")).order_by()
+    )
+    for values in grouped:
+        key = (_utc(values["slot"]), "retried")
+        counts[key] = counts.get(key, 0) + values["n"]
+    return counts
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.astimezone(UTC) if timezone.is_aware(moment) else moment.replace(tzinfo=UTC)
+
+
+def throughput_context(request: HttpRequest, now: datetime) -> dict[str, Any]:
+    """The chart and its controls, from ``?range=&queue=&operation=`` (forgiving)."""
+    range_name = parse_choice(request.GET.get("range"), tuple(tp.RANGES), "hour")
+    queue = clean_query(request.GET.get("queue"), MAX_QUEUE_CHARS)
+    operation = clean_query(request.GET.get("operation"), 100)
+    start = tp.first_slot(now, range_name)
+    counts = throughput_counts(start, range_name, queue=queue, operation=operation)
+    return {
+        "throughput": tp.throughput(tp.series(counts, now, range_name), range_name),
+        "tp_range": range_name,
+        "tp_ranges": [(name, label) for name, (_, _, label) in tp.RANGES.items()],
+        "tp_queue": queue,
+        "tp_operation": operation,
+    }
