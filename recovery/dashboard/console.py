@@ -17,8 +17,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.contrib import messages
+from django.db import connection
 from django.db.models import Count, Min, Q
-from django.db.models.functions import TruncHour, TruncMinute
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -273,43 +273,66 @@ def queue_change(request: HttpRequest, change: str) -> HttpResponse:
 # --- throughput ---------------------------------------------------------------------------
 
 
+def slot_sql(column: str, step: timedelta, vendor: str) -> str:
+    """SQL of the slot (minute or hour, UTC) a timestamp column falls in, evaluated in C.
+
+    Not Django's TruncMinute: on SQLite that calls back into Python once per row, which
+    costs ~1 s for the 30,000 jobs a busy hour finishes. SQLite stores UTC text
+    ("2026-12-03 06:34:49.123456"), so a prefix of it is the slot.
+    """
+    hourly = step >= timedelta(hours=1)
+    if vendor == "postgresql":
+        return f"date_trunc('{'hour' if hourly else 'minute'}', {column} AT TIME ZONE 'UTC')"
+    return f"substr({column}, 1, {13 if hourly else 16})"
+
+
+def parse_slot(value: Any) -> datetime:
+    """A slot as ``slot_sql`` returns it (text on SQLite, a naive UTC timestamp on
+    PostgreSQL) as an aware UTC datetime."""
+    if isinstance(value, str):
+        text = value if len(value) > 13 else f"{value}:00"
+        return datetime.fromisoformat(text).replace(tzinfo=UTC)
+    return value.replace(tzinfo=UTC) if timezone.is_naive(value) else value.astimezone(UTC)
+
+
 def throughput_counts(
     start: datetime, range_name: str, *, queue: str = "", operation: str = ""
 ) -> dict[tuple[datetime, str], int]:
-    """(slot, kind) → count since ``start``: two grouped queries on indexed columns."""
+    """(slot, kind) → count since ``start``: two grouped queries on indexed columns
+    (``durable_job_finished``; the retry events' partial index, whose condition the
+    query states literally so that SQLite uses it)."""
     step = tp.RANGES[range_name][0]
-    trunc = TruncHour if step >= timedelta(hours=1) else TruncMinute
-    finished = Job.objects.filter(
-        finished_at__gte=start, state__in=[JobState.COMPLETED, JobState.FAILED]
-    )
-    retries = JobEvent.objects.filter(kind="retry_scheduled", created_at__gte=start)
+    vendor = connection.vendor
+    jobs_table = connection.ops.quote_name(Job._meta.db_table)
+    events_table = connection.ops.quote_name(JobEvent._meta.db_table)
+    since = connection.ops.adapt_datetimefield_value(start)
+    narrow, narrow_params = "", []
     if queue:
-        finished = finished.filter(queue=queue)
-        retries = retries.filter(job__queue=queue)
+        narrow += " AND j.queue = %s"
+        narrow_params.append(queue)
     if operation:
-        finished = finished.filter(operation=operation)
-        retries = retries.filter(job__operation=operation)
+        narrow += " AND j.operation = %s"
+        narrow_params.append(operation)
     counts: dict[tuple[datetime, str], int] = {}
-    grouped = (
-        finished.annotate(slot=trunc("finished_at"))
-        .values("slot", "state")
-        .annotate(n=Count("id"))
-        .order_by()
+    # Only quoted table names and fixed fragments are formatted in; values are parameters.
+    job_slot = slot_sql("j.finished_at", step, vendor)
+    event_slot = slot_sql("e.created_at", step, vendor)
+    finished = (
+        f"SELECT {job_slot}, j.state, count(*) FROM {jobs_table} j "  # noqa: S608
+        f"WHERE j.finished_at >= %s AND j.state IN ('completed', 'failed'){narrow} GROUP BY 1, 2"
     )
-    for values in grouped:
-        key = (_utc(values["slot"]), values["state"])
-        counts[key] = counts.get(key, 0) + values["n"]
-    grouped = (
-        retries.annotate(slot=trunc("created_at")).values("slot").annotate(n=Count("id")).order_by()
+    join = f" JOIN {jobs_table} j ON j.id = e.job_id" if narrow else ""
+    retried = (
+        f"SELECT {event_slot}, 'retried', count(*) FROM {events_table} e{join} "  # noqa: S608
+        f"WHERE e.kind = 'retry_scheduled' AND e.created_at >= %s{narrow} GROUP BY 1"
     )
-    for values in grouped:
-        key = (_utc(values["slot"]), "retried")
-        counts[key] = counts.get(key, 0) + values["n"]
+    with connection.cursor() as cursor:
+        for sql_text in (finished, retried):
+            cursor.execute(sql_text, [since, *narrow_params])
+            for slot, kind, n in cursor.fetchall():
+                key = (parse_slot(slot), kind)
+                counts[key] = counts.get(key, 0) + n
     return counts
-
-
-def _utc(moment: datetime) -> datetime:
-    return moment.astimezone(UTC) if timezone.is_aware(moment) else moment.replace(tzinfo=UTC)
 
 
 def throughput_context(request: HttpRequest, now: datetime) -> dict[str, Any]:

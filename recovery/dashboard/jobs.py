@@ -129,6 +129,14 @@ def error_classes() -> list[str]:
 
 # --- the list -----------------------------------------------------------------------------
 
+SORT_LABELS = {
+    "-created": "Newest first",
+    "created": "Oldest first",
+    "-attempts": "Most attempts",
+    "attempts": "Fewest attempts",
+    "next": "Next attempt soonest",
+    "-next": "Next attempt latest",
+}
 STATE_LABELS = {
     "all": "All states",
     "active": "Active",
@@ -163,6 +171,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
         return table_fragment(request, "problems/_jobs_results.html", context, query)
     context.update(
         states=[(state, STATE_LABELS[state]) for state in JOB_STATES],
+        sorts=list(SORT_LABELS.items()),
         operations=operation_choices(),
         errors=error_classes(),
     )

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from django import template
+from django.utils.html import format_html
 
 from recovery.dashboard import formatting
 from recovery.dashboard.query import TableQuery
@@ -67,3 +68,27 @@ def page_link(
 ) -> dict[str, Any]:
     """A pager link that works as a plain link and, with htmx, swaps only the results."""
     return {"url": query_url(context, query, page=page), "text": text, "rel": rel, "title": title}
+
+
+@register.simple_tag(takes_context=True)
+def sort_link(context: template.Context, query: TableQuery, key: str, label: str) -> str:
+    """A column header that sorts by ``key`` (``-key``: descending first); a second click
+    reverses it. A plain link (a full page: the toolbar then shows the order too)."""
+    current = query.get("sort")
+    name = key.lstrip("-")
+    if current.lstrip("-") == name:
+        target = name if current.startswith("-") else f"-{name}"
+        arrow = " ▼" if current.startswith("-") else " ▲"
+        state = "descending" if current.startswith("-") else "ascending"
+    else:
+        target, arrow, state = key, "", ""
+    url = query_url(context, query, sort=target)
+    title = f"Sort by {label.lower()}" + (f" (now {state})" if state else "")
+    return format_html(
+        '<a class="sort" href="{}" title="{}"{}>{}{}</a>',
+        url,
+        title,
+        format_html(' aria-current="true" data-sort="{}"', state) if state else "",
+        label,
+        arrow,
+    )

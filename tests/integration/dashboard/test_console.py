@@ -143,3 +143,55 @@ def test_jobs_search__reaches_error_messages(admin):
     html = admin.get(reverse("problems:jobs") + "?q=quota+EXCEEDED").content.decode()
     assert f'id="job-{job.pk}"' in html
     assert html.count('class="job state-') == 1
+
+
+def test_sortable_columns__jobs_and_security(admin):
+    import re
+
+    from recovery.records import record_security
+
+    low = jobs.enqueue("durable.noop", {})
+    high = jobs.enqueue("durable.noop", {})
+    Job.objects.filter(pk=high.pk).update(attempts=3)
+
+    def order(params):
+        html = admin.get(reverse("problems:jobs"), params).content.decode()
+        return [int(n) for n in re.findall(r'id="job-(\d+)"', html)]
+
+    assert order({}) == [high.pk, low.pk]  # newest first
+    assert order({"sort": "created"}) == [low.pk, high.pk]
+    assert order({"sort": "attempts"}) == [low.pk, high.pk]
+    assert order({"sort": "-attempts"}) == [high.pk, low.pk]
+    assert order({"sort": "bogus"}) == [high.pk, low.pk]  # unknown: the default, no 500
+    html = admin.get(reverse("problems:jobs"), {"sort": "-attempts"}).content.decode()
+    assert "sort=attempts" in html  # the header's link reverses the order
+    for _ in range(3):
+        record_security(category="ssrf", key="many", ip="203.0.113.1")
+    record_security(category="csrf", key="once", ip="203.0.113.2")
+    html = admin.get(reverse("problems:security"), {"sort": "-count"}).content.decode()
+    assert html.index("many") < html.index("once")
+    html = admin.get(reverse("problems:security")).content.decode()
+    assert html.index("once") < html.index("many")  # latest first
+
+
+def test_recovery_search__reaches_actor_user_id_and_addresses(admin):
+    from django.utils.html import escape
+
+    from recovery.records import record_event
+
+    by_alice = record_event("board-permanently-deleted", username="alice", user_id="u-17",
+                            deleted_data=True,
+                            ip="203.0.113.9", detail="Deleted a board")  # fmt: skip
+    by_v6 = record_event("restore-backup", ip="2001:db8::5", detail="Restored")
+    about_alice = record_event("backup-created", detail="alice's boards backed up")
+    record_event("backup-created", detail="nothing to see")
+
+    def found(q, **extra):
+        html = admin.get(reverse("problems:recovery"), {"q": q, **extra}).content.decode()
+        return {e.pk for e in RecoveryEvent.objects.all() if escape(e.detail) in html}
+
+    assert found("alice") == {by_alice.pk, about_alice.pk}  # by name, and in the text
+    assert found("u-17") == {by_alice.pk}
+    assert found("203.0.113.9") == {by_alice.pk}
+    assert found("2001:DB8::5") == {by_v6.pk}  # the address, however it is written
+    assert found("alice", status="deleted") == {by_alice.pk}
