@@ -166,7 +166,17 @@ class Job(models.Model):
             # "Jobs of this state, newest first" (ids grow with creation).
             models.Index(fields=["state", "-id"], name="durable_job_state_newest"),
             models.Index(fields=["operation", "-id"], name="durable_job_op_newest"),
-            models.Index(fields=["finished_at"], name="durable_job_finished"),
+            # Retention's "finished before", and (covering) the dashboard's throughput
+            # over time and finished-per-queue: index-only at 100,000 jobs.
+            models.Index(
+                fields=["finished_at", "state", "queue", "operation"], name="durable_job_finished"
+            ),
+            # The Queues page: jobs per state and queue, due or not (index-only); and
+            # the Jobs page filtered by queue. Written only when a job changes state.
+            models.Index(
+                fields=["state", "queue", "next_attempt_at"], name="durable_job_per_queue"
+            ),
+            models.Index(fields=["queue", "-id"], name="durable_job_queue_newest"),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -225,7 +235,7 @@ class JobEvent(models.Model):
             # "Retried per minute/hour" on the dashboard's throughput chart: only retry
             # events are indexed, so the other events' writes pay nothing for it.
             models.Index(
-                fields=["created_at"],
+                fields=["created_at", "job_id"],
                 name="durable_jobevent_retries",
                 condition=Q(kind="retry_scheduled"),
             ),

@@ -18,7 +18,6 @@ from typing import Any
 
 from django.contrib import messages
 from django.db import connection
-from django.db.models import Count, Min, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -37,7 +36,8 @@ from .query import clean_query, parse_choice
 from .views import page_context
 
 RECENT_STOPS = timedelta(hours=24)  # stopped workers shown this long
-WORKERS_SHOWN = 200
+WORKERS_SHOWN = 200  # live ones
+STOPPED_SHOWN = 50  # the newest of those that stopped within RECENT_STOPS
 LIVE_HORIZON = timedelta(hours=1)  # rows read to find live workers (each judged by its lease)
 
 
@@ -111,16 +111,21 @@ def why_waiting(job: Job, served: dict[str, list[str]], paused: set[str]) -> str
 @require_safe
 def workers(request: HttpRequest) -> HttpResponse:
     now = database_now()
-    rows = list(
-        WorkerProcess.objects.filter(
-            Q(stopped_at__isnull=True) | Q(stopped_at__gte=now - RECENT_STOPS)
-        ).order_by("-started_at")[:WORKERS_SHOWN]
-    )
+    running = WorkerProcess.objects.filter(stopped_at__isnull=True)
+    stopped = WorkerProcess.objects.filter(stopped_at__gte=now - RECENT_STOPS)
+    rows = [
+        *running.order_by("-started_at")[:WORKERS_SHOWN],
+        *stopped.order_by("-stopped_at")[:STOPPED_SHOWN],
+    ]
     holding: dict[str, list[Job]] = {}
-    for job in Job.objects.filter(
-        state__in=LEASED_STATES, lease_owner__in=[w.worker_id for w in rows]
-    ).only("id", "operation", "state", "units_done", "units_total", "lease_owner", "checkpoint"):
-        holding.setdefault(job.lease_owner, []).append(job)
+    # By lease owner alone: SQLite then reads the lease index (leased jobs only), not every
+    # job of the leased states (paused ones, released, are thousands).
+    held = Job.objects.filter(
+        lease_owner__isnull=False, lease_owner__in=[w.worker_id for w in rows]
+    )
+    for job in held.only("id", "operation", "state", "units_done", "units_total", "lease_owner"):
+        if job.state in LEASED_STATES:
+            holding.setdefault(job.lease_owner, []).append(job)
     for worker in rows:
         worker.status = worker_status(
             stopped_at=worker.stopped_at,
@@ -163,46 +168,58 @@ class QueueRow:
         return not self.workers and (self.ready or self.scheduled) > 0
 
 
+def _as_datetime(value: Any) -> datetime | None:
+    """A timestamp from raw SQL: SQLite returns the stored UTC text."""
+    if value is None or isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(value).replace(tzinfo=UTC)
+
+
 def queue_rows(now: datetime) -> list[QueueRow]:
     rows: dict[str, QueueRow] = {}
 
     def row(name: str) -> QueueRow:
         return rows.setdefault(name, QueueRow(name))
 
-    due = Q(state=JobState.QUEUED, next_attempt_at__lte=now)
-    unfinished = (
-        Job.objects.filter(
-            state__in=[JobState.QUEUED, JobState.RUNNING, JobState.PAUSED, JobState.CANCELLING]
-        )
-        .values("queue")
-        .annotate(
-            ready=Count("id", filter=due),
-            scheduled=Count("id", filter=Q(state=JobState.QUEUED, next_attempt_at__gt=now)),
-            running=Count("id", filter=Q(state__in=[JobState.RUNNING, JobState.CANCELLING])),
-            paused=Count("id", filter=Q(state=JobState.PAUSED)),
-            oldest=Min("next_attempt_at", filter=due),
-        )
-        .order_by()
+    # Raw SQL, each statement an index-only read: per state and queue from
+    # durable_job_per_queue, finished in the last hour from durable_job_finished. The
+    # "|| ''" keeps SQLite from walking durable_job_queue_newest for the GROUP BY's
+    # order through all 100,000 rows instead.
+    table = connection.ops.quote_name(Job._meta.db_table)
+    at = connection.ops.adapt_datetimefield_value(now)
+    states = "'queued', 'running', 'paused', 'cancelling', 'failed'"
+    per_state = (
+        f"SELECT queue || '', state, next_attempt_at <= %s, count(*), min(next_attempt_at) "  # noqa: S608
+        f"FROM {table} WHERE state IN ({states}) GROUP BY 1, 2, 3"
     )
-    for values in unfinished:
-        r = row(values["queue"])
-        r.ready, r.scheduled, r.running = values["ready"], values["scheduled"], values["running"]
-        r.paused_jobs, r.oldest_ready = values["paused"], values["oldest"]
-    failed = Job.objects.filter(state=JobState.FAILED).values("queue").annotate(n=Count("id"))
-    for values in failed.order_by():
-        row(values["queue"]).failed = values["n"]
-    hour = (
-        Job.objects.filter(finished_at__gte=now - timedelta(hours=1))
-        .values("queue")
-        .annotate(
-            completed=Count("id", filter=Q(state=JobState.COMPLETED)),
-            failed=Count("id", filter=Q(state=JobState.FAILED)),
-        )
-        .order_by()
+    finished = (
+        f"SELECT queue || '', state, count(*) FROM {table} "  # noqa: S608
+        "WHERE finished_at >= %s GROUP BY 1, 2"
     )
-    for values in hour:
-        r = row(values["queue"])
-        r.completed_hour, r.failed_hour = values["completed"], values["failed"]
+    with connection.cursor() as cursor:
+        cursor.execute(per_state, [at])
+        for queue, state, due, n, oldest in cursor.fetchall():
+            r = row(queue)
+            if state == JobState.QUEUED and due:
+                r.ready += n
+                oldest = _as_datetime(oldest)
+                r.oldest_ready = min(filter(None, (r.oldest_ready, oldest)), default=None)
+            elif state == JobState.QUEUED:
+                r.scheduled += n
+            elif state in (JobState.RUNNING, JobState.CANCELLING):
+                r.running += n
+            elif state == JobState.PAUSED:
+                r.paused_jobs += n
+            else:
+                r.failed += n
+        cursor.execute(
+            finished, [connection.ops.adapt_datetimefield_value(now - timedelta(hours=1))]
+        )
+        for queue, state, n in cursor.fetchall():
+            if state == JobState.COMPLETED:
+                row(queue).completed_hour += n
+            elif state == JobState.FAILED:
+                row(queue).failed_hour += n
     for name, worker_ids in serving(now).items():
         row(name).workers = sorted(worker_ids)
     for name, paused in paused_queues().items():
@@ -319,7 +336,7 @@ def throughput_counts(
     event_slot = slot_sql("e.created_at", step, vendor)
     finished = (
         f"SELECT {job_slot}, j.state, count(*) FROM {jobs_table} j "  # noqa: S608
-        f"WHERE j.finished_at >= %s AND j.state IN ('completed', 'failed'){narrow} GROUP BY 1, 2"
+        f"WHERE j.finished_at >= %s{narrow} GROUP BY 1, 2"
     )
     join = f" JOIN {jobs_table} j ON j.id = e.job_id" if narrow else ""
     retried = (
@@ -330,6 +347,9 @@ def throughput_counts(
         for sql_text in (finished, retried):
             cursor.execute(sql_text, [since, *narrow_params])
             for slot, kind, n in cursor.fetchall():
+                if kind not in tp.KINDS:
+                    continue  # cancelled: not filtered in SQL, so that only the
+                    # finished_at index applies (a state index would need every row)
                 key = (parse_slot(slot), kind)
                 counts[key] = counts.get(key, 0) + n
     return counts

@@ -12,6 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.utils.html import format_html_join
+from django.utils.safestring import SafeString
+
 from .chart import nice_ceiling, short_number
 
 KINDS = ("completed", "failed", "retried")
@@ -64,6 +67,27 @@ class Throughput:
     @property
     def empty(self) -> bool:
         return not any(self.totals.values())
+
+    @property
+    def bars_svg(self) -> SafeString:
+        """The bars as SVG markup, built here once (escaped by ``format_html``): a week of
+        hours is 168 groups, which the template engine renders ten times slower."""
+        return format_html_join(
+            "",
+            '<g class="slot"><title>{}</title>{}</g>',
+            (
+                (
+                    slot.title,
+                    format_html_join(
+                        "",
+                        '<rect class="tp-{}" x="{}" y="{}" width="{}" height="{}"/>',
+                        ((s.kind, slot.x, s.y, slot.width, s.height) for s in slot.segments),
+                    ),
+                )
+                for slot in self.slots
+                if slot.segments
+            ),
+        )
 
 
 def slot_start(moment: datetime, step: timedelta) -> datetime:

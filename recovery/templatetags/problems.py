@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from django import template
+from django.utils import timezone
 from django.utils.html import format_html
 
 from recovery.dashboard import formatting
@@ -92,3 +93,18 @@ def sort_link(context: template.Context, query: TableQuery, key: str, label: str
         label,
         arrow,
     )
+
+
+@register.filter
+def iso(moment: datetime | None) -> str:
+    """``datetime`` attribute text: what ``|date:'c'`` gives, without its per-call cost
+    (Django's date formatting, ~70 µs, adds up on a table of timestamps)."""
+    return moment.isoformat() if moment else ""
+
+
+@register.filter
+def stamp(moment: datetime | None) -> str:
+    """``Y-m-d H:i:s`` in the current time zone (UTC here), as a title shows it."""
+    if not moment:
+        return ""
+    return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S")
