@@ -18,7 +18,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.db import connection
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -248,7 +248,7 @@ def queues(request: HttpRequest) -> HttpResponse:
 def queue_change(request: HttpRequest, change: str) -> HttpResponse:
     back = reverse("problems:queues")
     if change not in ("pause", "resume"):
-        return refuse(request, "bad-request:queue-change", "Queues are paused or resumed.")
+        raise Http404(f"There is no queue change {change[:40]!r}: pause or resume.")
     if not rights.may_pause_queues(held(request.user)):
         return refuse(
             request,

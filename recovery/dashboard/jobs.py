@@ -258,7 +258,11 @@ def _answer(request: HttpRequest, job_id: int, said: Any, fallback: str) -> Http
     """htmx: the job's fresh row (or detail) and the message; otherwise back, with the message."""
     if not wants_fragment(request):
         messages.add_message(request, getattr(messages, said.level.upper()), said.text)
-        return redirect(safe_next(request, fallback))
+        target = safe_next(request, fallback)
+        own_page = reverse("problems:job", args=[job_id])
+        if target.startswith(own_page) and not Job.objects.filter(pk=job_id).exists():
+            target = reverse("problems:jobs")  # discarded: its page is gone
+        return redirect(target)
     job = Job.objects.filter(pk=job_id).first()
     message = {"level": said.level, "message": said.text}
     if job is None:

@@ -195,3 +195,13 @@ def test_recovery_search__reaches_actor_user_id_and_addresses(admin):
     assert found("203.0.113.9") == {by_alice.pk}
     assert found("2001:DB8::5") == {by_v6.pk}  # the address, however it is written
     assert found("alice", status="deleted") == {by_alice.pk}
+
+
+def test_discard_from_its_own_page_without_javascript_goes_back_to_the_list(admin):
+    job = jobs.enqueue("durable.noop", {})
+    Job.objects.filter(pk=job.pk).update(state="cancelled")
+    page = reverse("problems:job", args=[job.pk])
+    response = admin.post(reverse("problems:job-action", args=[job.pk, "discard"]), {"next": page})
+    assert response.status_code == 302
+    assert response["Location"] == reverse("problems:jobs")
+    assert admin.post(reverse("problems:queue-change", args=["explode"])).status_code == 404
