@@ -50,6 +50,7 @@ log = logging.getLogger("durable.worker")
 # The exit status of a worker that had to leave because a unit overran its
 # operation's unit_timeout and would not stop (os.EX_SOFTWARE): restart it.
 EXIT_UNIT_TIMEOUT = 70
+EXIT_RECORD_SECONDS = 2.0  # how long exit 70 waits to record itself (Workers page)
 MAX_WORKER_ID_PREFIX = 150  # leaves room for the suffix in the 200-character lease_owner
 
 
@@ -615,6 +616,14 @@ class Worker:
             },
         )
 
+    def _record_unit_timeout(self) -> None:
+        try:
+            rescue.record_exit_reason(self.worker_id, WorkerProcess.EXIT_UNIT_TIMEOUT)
+        except Exception:
+            log.exception("could not record the exit reason")
+        finally:
+            connection.close()
+
     def _watch_hung(self, executions: list[Execution]) -> None:
         """A unit still running a grace period after its timeout: drain, then exit.
 
@@ -648,10 +657,11 @@ class Worker:
                 "exiting with a unit still running; its job is taken back as after a crash",
                 extra={"worker": self.worker_id, "jobs": [e.lease.job_id for e in hung]},
             )
-            try:  # for the Workers page; the exit must not depend on the database
-                rescue.record_exit_reason(self.worker_id, WorkerProcess.EXIT_UNIT_TIMEOUT)
-            except Exception:
-                log.exception("could not record the exit reason")
+            # For the Workers page. The exit must not wait on the database (on SQLite the
+            # hung unit may hold the write lock): at most EXIT_RECORD_SECONDS, then leave.
+            recorder = threading.Thread(target=self._record_unit_timeout, daemon=True)
+            recorder.start()
+            recorder.join(timeout=EXIT_RECORD_SECONDS)
             logging.shutdown()
             sys.stdout.flush()
             sys.stderr.flush()

@@ -26,7 +26,7 @@ RANGES = {  # ?range=: (slot length, number of slots, label)
 WIDTH = 640
 HEIGHT = 150
 LEFT = 40
-RIGHT = 8
+RIGHT = 20  # room for the newest slot's label, centred on it
 TOP = 6
 BOTTOM = 18
 

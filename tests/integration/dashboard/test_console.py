@@ -205,3 +205,25 @@ def test_discard_from_its_own_page_without_javascript_goes_back_to_the_list(admi
     assert response.status_code == 302
     assert response["Location"] == reverse("problems:jobs")
     assert admin.post(reverse("problems:queue-change", args=["explode"])).status_code == 404
+
+
+def test_discard_all_matching__runs_as_the_bulk_job_and_keeps_the_unfinished(admin):
+    from tests.integration.helpers import drain
+
+    finished = [jobs.enqueue("durable.noop", {}, queue="old") for _ in range(3)]
+    Job.objects.filter(pk__in=[j.pk for j in finished]).update(state="completed")
+    waiting = jobs.enqueue("durable.noop", {}, queue="old")
+    elsewhere = jobs.enqueue("durable.noop", {})
+    Job.objects.filter(pk=elsewhere.pk).update(state="completed")
+    data = {"action": "discard", "scope": "filter", "filter_queue": "old",
+            "upto": str(elsewhere.pk), "confirmed": "1"}  # fmt: skip
+    admin.post(reverse("problems:bulk"), data)
+    bulk_job = Job.objects.get(operation="recovery.bulk_action")
+    assert bulk_job.input["filter"]["queue"] == "old"
+    drain(bulk_job.pk)
+    assert Job.objects.get(pk=bulk_job.pk).state == "completed"
+    left = set(Job.objects.exclude(pk=bulk_job.pk).values_list("pk", flat=True))
+    assert left == {waiting.pk, elsewhere.pk}  # unfinished and other queue stay
+    summary = RecoveryEvent.objects.filter(type="job-bulk-action").order_by("-id").first()
+    assert "3 applied" in summary.detail
+    assert "1 refused" in summary.detail
