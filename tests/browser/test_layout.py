@@ -74,19 +74,22 @@ def test_jobs_table__fits_its_box_at_1360_px_with_every_button_visible(ui, staff
     ui.shot("jobs-1360")
 
 
-def test_cells__break_long_tokens_only_never_words_that_fit(ui, staff):
+@pytest.mark.parametrize("width", [1360, 1024])  # at 1024 px the old rules broke "ferretdb"
+def test_cells__break_long_tokens_only_never_words_that_fit(ui, staff, width):
     for _ in range(3):
         jobs.enqueue("durable.noop", {"units": 3}, owner="operator-on-duty")
-    record_event("dashboard", db="ferretdb", source="startup",
+    record_event("dashboard", db="ferretdb", source="startup", severity="warning", done=False,
                  detail="Refreshed the dashboard of ferretdb " + "z" * 300)  # fmt: skip
     record_security(category="csrf", key="dashboard.form", cwe=352, severity="warning",
                     username="alice", ip="203.0.113.9")  # fmt: skip
+    ui.page.set_viewport_size({"width": width, "height": 900})
     ui.login("admin", next_path="/problems/recovery/")
     lines = dict(ui.page.evaluate(LINES, "table.recovery td.c-db, table.recovery td.c-type"))
     assert lines == {"ferretdb": 1, "dashboard": 1}, lines
     detail = dict(ui.page.evaluate(LINES, "table.recovery td.c-detail"))
     assert max(detail.values()) > 1  # the 300-character token did wrap, inside its cell
-    assert all(gap <= 1 for gap in ui.page.evaluate(OVERFLOW))
+    if width >= 1360:  # narrower screens scroll the wide tables sideways instead
+        assert all(gap <= 1 for gap in ui.page.evaluate(OVERFLOW))
     cells = "main table td"
     assert ui.page.evaluate(BROKEN_WORDS, cells) == []
     ui.go("/problems/")  # the summary's tables are narrower: half a page each
@@ -97,7 +100,8 @@ def test_cells__break_long_tokens_only_never_words_that_fit(ui, staff):
     assert ui.page.evaluate(BROKEN_WORDS, cells) == []
     cwe = ui.page.evaluate(LINES, "table.security tbody td:nth-child(4)")
     assert cwe == [["CWE-352", 1]], cwe
-    assert all(gap <= 1 for gap in ui.page.evaluate(OVERFLOW))
+    if width >= 1360:
+        assert all(gap <= 1 for gap in ui.page.evaluate(OVERFLOW))
 
 
 def test_recovery_on_a_phone__detail_is_on_screen(ui, staff):
