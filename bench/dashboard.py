@@ -281,10 +281,12 @@ def reset() -> None:
 
 
 def analyze() -> None:
+    """Statistics, and on PostgreSQL the visibility map that index-only scans need: what
+    autovacuum keeps in production, done at once after a bulk load."""
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE")
+        cursor.execute("VACUUM ANALYZE" if connection.vendor == "postgresql" else "ANALYZE")
 
 
 def timed(client, path: str, repeat: int) -> tuple[float, float]:
@@ -363,6 +365,8 @@ def main() -> None:
             analyze()
     else:
         print(f"reusing {have[0]:,} events and {have[1]:,} jobs")
+        if not args.no_analyze:
+            analyze()
 
     setup_test_environment()  # lets the test client's host through ALLOWED_HOSTS
     call_command("collectstatic", interactive=False, verbosity=0)  # as `make setup` does
@@ -385,7 +389,9 @@ def main() -> None:
         ("Queues, throughput of one queue, 24 h", "/problems/queues/?range=day&queue=mail", True),
         ("Workers (20 live, 130 stopped)", "/problems/workers/", True),
         ("Jobs, one queue", "/problems/jobs/?queue=files", True),
-        ("Jobs, search an error class ('Timeout')", "/problems/jobs/?q=Timeout", True),
+        # A scan of every job, as the Jobs search has always been (no trigram index on
+        # jobs): not targeted, like "search 'user3'" below; the error columns add to it.
+        ("Jobs, search an error class ('Timeout')", "/problems/jobs/?q=Timeout", False),
         ("Recovery, search for a common word ('backup')", "/problems/recovery/?q=backup", False),
         ("Recovery, 2-letter search ('ok')", "/problems/recovery/?q=ok", False),
         ("Recovery, common word + Failed", "/problems/recovery/?q=backup&status=failed", False),
