@@ -10,7 +10,8 @@
 2. Times each page through Django's full stack in this process (middleware,
    session, queries, templates: the server's share of a request), logged in as
    a superuser, ``--repeat`` times after one warm-up: median and p95.
-   Target: every listed page <= 100 ms p95 on SQLite and PostgreSQL. The login
+   Target: every page marked <= 100 ms p95 on SQLite and PostgreSQL (the operators'
+   console included: Queues, Workers, throughput over time, 200,000 job events). The login
    page (no query) is the baseline measured in the same run.
 3. Prints the query plans of the searches and the Failed filter.
 """
@@ -182,10 +183,12 @@ def load_jobs(count: int) -> float:
     names, weights = zip(*states, strict=True)
     operations = ["durable.noop", "recovery.ingest", "files.move", "imports.trello", "mail.send"]
     errors = ["OSError", "httpx.ConnectTimeout", "durable.errors.NonRetryable", "ValueError"]
+    queues = ["default", "default", "mail", "imports", "files"]
     started = time.perf_counter()
     rows = []
     for n in range(count):
         state = rng.choices(names, weights)[0]
+        finished = state in ("completed", "failed", "cancelled")
         total = rng.randint(1, 5000)
         failed = state in ("failed", "paused") or (state == "queued" and rng.random() < 0.3)
         error = rng.choice(errors) if failed else ""
@@ -206,22 +209,67 @@ def load_jobs(count: int) -> float:
                 lease_expires_at=now + timedelta(seconds=30) if leased else None,
                 created_at=now - timedelta(seconds=count - n),
                 updated_at=now,
+                queue=rng.choice(queues),
+                # finished over the last 7 days, denser in the last hour (the charts' ranges)
+                finished_at=(
+                    now - timedelta(seconds=rng.choice([3600, 86400, 7 * 86400]) * rng.random())
+                    if finished
+                    else None
+                ),
             )
         )
         if len(rows) == 5000:
             Job.objects.bulk_create(rows)
             rows = []
     Job.objects.bulk_create(rows)
+    load_console(count, now, rng)
     return time.perf_counter() - started
+
+
+def load_console(jobs: int, now: datetime, rng: random.Random) -> None:
+    """What the Queues, Workers and throughput views read besides jobs: job events (a
+    tenth of them retries, over the last 7 days) and 150 worker processes, 20 live."""
+    from durable.models import Job, JobEvent, WorkerProcess
+
+    first = Job.objects.order_by("id").values_list("id", flat=True).first() or 0
+    events = []
+    for n in range(jobs * 2):
+        kind = "retry_scheduled" if n % 10 == 0 else "started"
+        at = now - timedelta(seconds=rng.choice([3600, 86400, 7 * 86400]) * rng.random())
+        events.append(JobEvent(job_id=first + n // 2, seq=1000 + n % 2, kind=kind, created_at=at))
+        if len(events) == 10_000:
+            JobEvent.objects.bulk_create(events)
+            events = []
+    JobEvent.objects.bulk_create(events)
+    queues = ["default", "mail", "imports"]  # "files" is served by nobody: flagged
+    workers = []
+    for n in range(150):
+        live = n < 20
+        workers.append(
+            WorkerProcess(
+                worker_id=f"host{n % 5}:{1000 + n}:bench",
+                hostname=f"host{n % 5}",
+                pid=1000 + n,
+                queues=[queues[n % 3]],
+                concurrency=4,
+                lease_seconds=30,
+                started_at=now - timedelta(hours=n),
+                heartbeat_at=now if live else now - timedelta(hours=n),
+                stopped_at=None if live else now - timedelta(minutes=n * 9),
+                exit_reason="" if live else rng.choice(["clean", "lost", "unit-timeout"]),
+            )
+        )
+    WorkerProcess.objects.bulk_create(workers)
 
 
 def reset() -> None:
     """Empty the tables this benchmark fills (only needed when reusing a database)."""
     from django.db import connection
 
-    from durable.models import Job, JobEvent, UnitResult
+    from durable.models import Job, JobEvent, UnitResult, WorkerProcess
     from recovery.models import DailyCount, RecoveryEvent
 
+    WorkerProcess.objects.all().delete()
     if connection.vendor == "postgresql":
         tables = [RecoveryEvent._meta.db_table, DailyCount._meta.db_table, Job._meta.db_table]
         with connection.cursor() as cursor:
@@ -233,16 +281,21 @@ def reset() -> None:
 
 
 def analyze() -> None:
+    """Statistics, and on PostgreSQL the visibility map that index-only scans need: what
+    autovacuum keeps in production, done at once after a bulk load."""
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE")
+        cursor.execute("VACUUM ANALYZE" if connection.vendor == "postgresql" else "ANALYZE")
 
 
 def timed(client, path: str, repeat: int) -> tuple[float, float]:
-    client.get(path)  # warm-up: caches, connection
+    from django.core.cache import cache
+
+    client.get(path)  # warm-up: connection, templates
     times = []
     for _ in range(repeat):
+        cache.clear()  # the cold cost: per-hour charts are cached for a minute in use
         started = time.perf_counter()
         response = client.get(path)
         times.append((time.perf_counter() - started) * 1000)
@@ -315,6 +368,8 @@ def main() -> None:
             analyze()
     else:
         print(f"reusing {have[0]:,} events and {have[1]:,} jobs")
+        if not args.no_analyze:
+            analyze()
 
     setup_test_environment()  # lets the test client's host through ALLOWED_HOSTS
     call_command("collectstatic", interactive=False, verbosity=0)  # as `make setup` does
@@ -331,6 +386,15 @@ def main() -> None:
         ("Recovery, Failed filter", "/problems/recovery/?status=failed", True),
         (f"Recovery, last page ({last:,})", f"/problems/recovery/?page={last}", True),
         ("Jobs, first page", "/problems/jobs/", True),
+        ("Summary (with throughput per minute)", "/problems/", True),
+        ("Queues (with throughput per minute)", "/problems/queues/", True),
+        ("Queues, throughput per hour, 7 days", "/problems/queues/?range=week", True),
+        ("Queues, throughput of one queue, 24 h", "/problems/queues/?range=day&queue=mail", True),
+        ("Workers (20 live, 130 stopped)", "/problems/workers/", True),
+        ("Jobs, one queue", "/problems/jobs/?queue=files", True),
+        # A scan of every job, as the Jobs search has always been (no trigram index on
+        # jobs): not targeted, like "search 'user3'" below; the error columns add to it.
+        ("Jobs, search an error class ('Timeout')", "/problems/jobs/?q=Timeout", False),
         ("Recovery, search for a common word ('backup')", "/problems/recovery/?q=backup", False),
         ("Recovery, 2-letter search ('ok')", "/problems/recovery/?q=ok", False),
         ("Recovery, common word + Failed", "/problems/recovery/?q=backup&status=failed", False),
@@ -341,7 +405,6 @@ def main() -> None:
             False,
         ),
         ("Recovery, 100 rows", "/problems/recovery/?per_page=100", False),
-        ("Summary", "/problems/", False),
         ("Jobs, failed", "/problems/jobs/?state=failed", False),
         ("Jobs, last page", f"/problems/jobs/?page={PAGE_MAX}", False),
         ("Jobs, search 'user3'", "/problems/jobs/?q=user3", False),
@@ -365,7 +428,7 @@ def main() -> None:
             verdict = "ok" if ok else "OVER"
         print(f"{label:52} {median:7.1f}ms {p95:7.1f}ms {p95 / base_p95:6.1f}x  {verdict}")
     plans()
-    print(f"target: <= {TARGET_MS:.0f} ms p95 for the first five; {failures} over")
+    print(f"target: <= {TARGET_MS:.0f} ms p95 for the pages marked; {failures} over")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from .models import Job, JobEvent
 from .operations import Operation, get_operation, max_input_bytes
 from .policy import MAX_ERROR_MESSAGE_BYTES, truncate_utf8
 from .sanitize import clean_input
-from .states import Action, Decision, JobState, OnRestart, decide
+from .states import FINISHED_STATES, Action, Decision, JobState, OnRestart, decide
 
 log = logging.getLogger("durable.jobs")
 
@@ -350,3 +350,39 @@ def cancel(job_id: int, *, actor: str = "") -> Outcome:
 
 def retry_now(job_id: int, *, actor: str = "") -> Outcome:
     return _apply_batch(Action.RETRY, [job_id], actor)[0]
+
+
+DISCARD = "discard"
+NOT_FINISHED = "not finished: only completed, failed or cancelled jobs are discarded"
+
+
+def discard(job_ids: Iterable[int], *, batch_size: int = BULK_BATCH_SIZE) -> list[Outcome]:
+    """Delete finished jobs (with their events and unit results) now, as retention would.
+
+    Never an unfinished job: the state is checked in the same DELETE, so a job that
+    was retried a moment ago stays. One short transaction per batch.
+    """
+    ids = sorted({int(i) for i in job_ids})
+    outcomes: list[Outcome] = []
+    for start in range(0, len(ids), batch_size):
+        batch = ids[start : start + batch_size]
+        with transaction.atomic():
+            states = dict(
+                Job.objects.select_for_update().filter(pk__in=batch).values_list("id", "state")
+            )
+            finished = [i for i, state in states.items() if state in FINISHED_STATES]
+            Job.objects.filter(pk__in=finished, state__in=FINISHED_STATES).delete()
+        for job_id in batch:
+            state = states.get(job_id)
+            if state is None:
+                outcomes.append(Outcome(job_id, DISCARD, False, "", "no such job"))
+            elif state in FINISHED_STATES:
+                outcomes.append(Outcome(job_id, DISCARD, True, "discarded"))
+            else:
+                outcomes.append(Outcome(job_id, DISCARD, False, state, NOT_FINISHED))
+    if outcomes:
+        log.info(
+            "discarded",
+            extra={"jobs": sum(o.applied for o in outcomes), "asked": len(outcomes)},
+        )
+    return outcomes

@@ -30,7 +30,7 @@ from django.utils import timezone
 from . import turns
 from .errors import LeaseLost, NonRetryable
 from .jobs import add_events, announce_change, log_state, needs_attention
-from .models import Job, JobEvent, UnitResult
+from .models import Job, JobEvent, PausedQueue, UnitResult
 from .policy import MAX_ERROR_MESSAGE_BYTES, append_bounded, truncate_utf8
 from .states import LEASED_STATES, JobState
 
@@ -55,6 +55,12 @@ class _Dialect:
         self.pg = vendor == "postgresql"
         ops = connection.ops
         self.table = ops.quote_name(Job._meta.db_table)
+        # One extra condition of the claim (durable.queues): no query per claim, and
+        # the paused-queue table holds a row per paused queue only.
+        paused = ops.quote_name(PausedQueue._meta.db_table)
+        self.queue_not_paused = (
+            f"NOT EXISTS (SELECT 1 FROM {paused} WHERE {paused}.queue = {self.table}.queue)"
+        )
         self.results = ops.quote_name(UnitResult._meta.db_table)
         # JSON is encoded once in Python and cast on the way in.
         self.json = "%s::jsonb" if self.pg else "%s"
@@ -203,6 +209,7 @@ def pick_sql(
     else:
         where.append(f"queue IN ({_placeholders(queues)})")
         params.extend(queues)
+        where.append(d.queue_not_paused)  # issue 14: a paused queue is not claimed from
     where.append(f"operation IN ({_placeholders(operations)})")
     params.extend(operations)
     sql = (

@@ -151,6 +151,8 @@ class Job(models.Model):
             ("retry_job", "Can retry jobs now"),
             # Operations whose access is PRIVILEGED (restore, file moves, imports…).
             ("start_privileged_job", "Can start privileged operations"),
+            # Whole queues (durable.queues): workers stop claiming from a paused one.
+            ("pause_queue", "Can pause and resume queues"),
         ]
         indexes = [
             # The claim: WHERE state='queued' AND queue=? AND next_attempt_at<=?
@@ -168,7 +170,17 @@ class Job(models.Model):
             # "Jobs of this state, newest first" (ids grow with creation).
             models.Index(fields=["state", "-id"], name="durable_job_state_newest"),
             models.Index(fields=["operation", "-id"], name="durable_job_op_newest"),
-            models.Index(fields=["finished_at"], name="durable_job_finished"),
+            # Retention's "finished before", and (covering) the dashboard's throughput
+            # over time and finished-per-queue: index-only at 100,000 jobs.
+            models.Index(
+                fields=["finished_at", "state", "queue", "operation"], name="durable_job_finished"
+            ),
+            # The Queues page: jobs per state and queue, due or not (index-only); and
+            # the Jobs page filtered by queue. Written only when a job changes state.
+            models.Index(
+                fields=["state", "queue", "next_attempt_at"], name="durable_job_per_queue"
+            ),
+            models.Index(fields=["queue", "-id"], name="durable_job_queue_newest"),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -223,6 +235,15 @@ class JobEvent(models.Model):
 
     class Meta:
         ordering = ["job", "seq"]
+        indexes = [
+            # "Retried per minute/hour" on the dashboard's throughput chart: only retry
+            # events are indexed, so the other events' writes pay nothing for it.
+            models.Index(
+                fields=["created_at", "job_id"],
+                name="durable_jobevent_retries",
+                condition=Q(kind="retry_scheduled"),
+            ),
+        ]
         constraints = [
             models.UniqueConstraint(fields=["job", "seq"], name="durable_jobevent_seq_unique"),
         ]
@@ -278,14 +299,38 @@ class WorkerProcess(models.Model):
     started_at = models.DateTimeField(default=timezone.now)
     heartbeat_at = models.DateTimeField(default=timezone.now)
     stopped_at = models.DateTimeField(null=True, blank=True)
+    # How it ended, for the operators' Workers page: "" while running (or until a peer
+    # finds it gone), EXIT_CLEAN, EXIT_LOST or EXIT_UNIT_TIMEOUT (``durable.worker``'s exit 70).
+    exit_reason = models.CharField(max_length=16, blank=True, default="", db_default="")
 
     objects = WorkerProcessQuerySet.as_manager()
+
+    EXIT_CLEAN = "clean"  # stopped itself after draining (SIGTERM, --burst, Ctrl-C)
+    EXIT_LOST = "lost"  # found gone by a peer: killed, crashed, or its machine went away
+    EXIT_UNIT_TIMEOUT = "unit-timeout"  # left with exit status 70: a unit overran its timeout
 
     class Meta:
         indexes = [models.Index(fields=["heartbeat_at"], name="durable_worker_heartbeat")]
 
     def __str__(self) -> str:
         return self.worker_id
+
+
+class PausedQueue(models.Model):
+    """A queue workers do not claim from while this row exists (``durable.queues``).
+
+    One small table read by the claim's ``NOT EXISTS`` (``durable.lease.pick_sql``):
+    pausing a queue costs no query per claim, and running jobs are not touched — they
+    finish their unit and go on (a pause of the queue is not a pause of its jobs).
+    """
+
+    queue = models.CharField(max_length=64, unique=True)
+    paused_at = models.DateTimeField(default=timezone.now)
+    paused_by = models.CharField(max_length=150, blank=True, default="")
+    reason = models.CharField(max_length=500, blank=True, default="")
+
+    def __str__(self) -> str:
+        return self.queue
 
 
 # Models of the engine's sub-packages, registered with this app.

@@ -161,7 +161,26 @@ def heartbeat(worker_id: str) -> None:
 
 
 def mark_stopped(worker_id: str) -> None:
-    WorkerProcess.objects.filter(worker_id=worker_id).update(stopped_at=db_now())
+    """The worker drained and leaves cleanly."""
+    WorkerProcess.objects.filter(worker_id=worker_id).update(
+        stopped_at=db_now(), exit_reason=WorkerProcess.EXIT_CLEAN
+    )
+
+
+def record_exit_reason(worker_id: str, reason: str) -> None:
+    """How a worker is about to leave when it cannot mark itself stopped (exit 70).
+
+    Not ``stopped_at``: peers must still take its jobs back as after a crash.
+    """
+    WorkerProcess.objects.filter(worker_id=worker_id).update(exit_reason=reason)
+
+
+def _mark_lost(worker: WorkerProcess) -> None:
+    """Found gone by a peer; an exit reason it recorded itself (exit 70) is kept."""
+    WorkerProcess.objects.filter(pk=worker.pk).update(stopped_at=db_now())
+    WorkerProcess.objects.filter(pk=worker.pk, exit_reason="").update(
+        exit_reason=WorkerProcess.EXIT_LOST
+    )
 
 
 # --- SQLite: liveness judged by the holder's process --------------------------------
@@ -274,7 +293,7 @@ def _judge_owners(me: str) -> tuple[list[str], list[str]]:
         if worker.stopped_at is not None:
             dead.append(worker.worker_id)
         elif _gone_here(worker):
-            WorkerProcess.objects.filter(pk=worker.pk).update(stopped_at=db_now())
+            _mark_lost(worker)
             dead.append(worker.worker_id)
         elif _pulsing_here(worker):
             alive.append(worker.worker_id)

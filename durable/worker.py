@@ -40,7 +40,7 @@ from . import faults, rescue, signals, turns
 from . import lease as leases
 from .errors import LeaseLost, NonRetryable, RetryLater, Stopping, Unavailable, UnitTimeout
 from .lease import Lease
-from .models import Job
+from .models import Job, WorkerProcess
 from .operations import JobContext, Operation, Unit, check_payload, get_operation, registered
 from .policy import backoff_delay, error_entry
 from .states import JobState
@@ -51,6 +51,7 @@ log = logging.getLogger("durable.worker")
 # The exit status of a worker that had to leave because a unit overran its
 # operation's unit_timeout and would not stop (os.EX_SOFTWARE): restart it.
 EXIT_UNIT_TIMEOUT = 70
+EXIT_RECORD_SECONDS = 2.0  # how long exit 70 waits to record itself (Workers page)
 MAX_WORKER_ID_PREFIX = 150  # leaves room for the suffix in the 200-character lease_owner
 
 
@@ -188,6 +189,8 @@ class Worker:
             # os._exit ends it; peers here see the PID gone, others the lease expire.
             if not self.abandoned_units:
                 rescue.mark_stopped(self.worker_id)
+            if self._hung_since is not None:  # exit 70, not a clean stop
+                rescue.record_exit_reason(self.worker_id, WorkerProcess.EXIT_UNIT_TIMEOUT)
         finally:
             connection.close()
             pulse.join(timeout=5)
@@ -641,6 +644,14 @@ class Worker:
             },
         )
 
+    def _record_unit_timeout(self) -> None:
+        try:
+            rescue.record_exit_reason(self.worker_id, WorkerProcess.EXIT_UNIT_TIMEOUT)
+        except Exception:
+            log.exception("could not record the exit reason")
+        finally:
+            connection.close()
+
     def _watch_hung(self, executions: list[Execution]) -> None:
         """A unit still running a grace period after its timeout: drain, then exit.
 
@@ -674,6 +685,11 @@ class Worker:
                 "exiting with a unit still running; its job is taken back as after a crash",
                 extra={"worker": self.worker_id, "jobs": [e.lease.job_id for e in hung]},
             )
+            # For the Workers page. The exit must not wait on the database (on SQLite the
+            # hung unit may hold the write lock): at most EXIT_RECORD_SECONDS, then leave.
+            recorder = threading.Thread(target=self._record_unit_timeout, daemon=True)
+            recorder.start()
+            recorder.join(timeout=EXIT_RECORD_SECONDS)
             logging.shutdown()
             sys.stdout.flush()
             sys.stderr.flush()

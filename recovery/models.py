@@ -160,6 +160,24 @@ class RecoveryEvent(models.Model):
                 name="recovery_event_job",
                 condition=Q(job_id__isnull=False),
             ),
+            # Search by who: user name, user id, address (recovery.dashboard.listing). Few
+            # events carry them, so partial indexes cost the rest of a million nothing.
+            models.Index(
+                fields=["username", "-id"],
+                name="recovery_event_username",
+                condition=Q(username__gt=""),
+            ),
+            models.Index(
+                fields=["user_id", "-id"],
+                name="recovery_event_user_id",
+                condition=Q(user_id__gt=""),
+            ),
+            models.Index(
+                fields=["ipv4", "-id"], name="recovery_event_ipv4", condition=Q(ipv4__isnull=False)
+            ),
+            models.Index(
+                fields=["ipv6", "-id"], name="recovery_event_ipv6", condition=Q(ipv6__isnull=False)
+            ),
         ]
         constraints = [
             models.UniqueConstraint(fields=["source_line"], name="recovery_event_line_unique"),

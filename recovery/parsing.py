@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 import zlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -178,13 +179,23 @@ def split_addresses(*values: Any) -> tuple[str | None, str | None, int]:
     return ipv4, ipv6, dropped
 
 
+EPOCH_TEXT = re.compile(r"-?[0-9]{1,16}(\.[0-9]{1,9})?")
+
+
 def parse_ts(value: Any) -> datetime | None:
-    """ISO 8601 text (``Z`` allowed, naive means UTC) or epoch seconds/milliseconds."""
+    """ISO 8601 text (``Z`` allowed, naive means UTC) or epoch seconds/milliseconds.
+
+    Epoch may come quoted (``"1764500000"``): WeKan's launch scripts quote every value.
+    A plain number in text is therefore epoch, never ISO 8601's digits-only "basic"
+    form (``"20261130"``), which no writer of this file uses.
+    """
     try:
         if isinstance(value, str):
             text = value.strip()
             if not text or len(text) > 64:
                 return None
+            if EPOCH_TEXT.fullmatch(text):
+                return parse_ts(float(text) if "." in text else int(text))
             moment = datetime.fromisoformat(text)
             if moment.tzinfo is UTC:  # "…Z", the common case
                 return moment

@@ -11,16 +11,30 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-ACTIONS = ("pause", "resume", "cancel", "retry")
-LABELS = {"pause": "Pause", "resume": "Resume", "cancel": "Cancel", "retry": "Retry now"}
-PAST = {"pause": "paused", "resume": "resumed", "cancel": "cancelled", "retry": "retried"}
+ACTIONS = ("pause", "resume", "cancel", "retry", "discard")
+LABELS = {
+    "pause": "Pause",
+    "resume": "Resume",
+    "cancel": "Cancel",
+    "retry": "Retry now",
+    "discard": "Discard",
+}
+PAST = {
+    "pause": "paused",
+    "resume": "resumed",
+    "cancel": "cancelled",
+    "retry": "retried",
+    "discard": "discarded",
+}
 
 # state -> the actions offered on its row (retry on a queued job only while it waits)
 _OFFERED = {
     "queued": ("pause", "cancel", "retry"),
     "running": ("pause", "cancel"),
     "paused": ("resume", "cancel"),
-    "failed": ("retry",),
+    "failed": ("retry", "discard"),
+    "completed": ("discard",),  # deleted for good, with its events: its own permission
+    "cancelled": ("discard",),
 }
 
 
@@ -49,6 +63,8 @@ def describe(job_id: int, action: str, *, applied: bool, state: str, refusal: st
     """The message for one action's outcome (``durable.jobs.Outcome``'s fields)."""
     if refusal:
         return Said("error", f"Job {job_id}: not {PAST.get(action, action)} — {refusal}.")
+    if applied and action == "discard":
+        return Said("success", f"Job {job_id} discarded: deleted with its events.")
     if applied:
         return Said("success", f"Job {job_id} {PAST.get(action, action)} (now {state}).")
     return Said("info", f"Job {job_id} is already {state}: nothing to do.")

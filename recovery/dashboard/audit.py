@@ -21,6 +21,14 @@ from .access import request_ip
 ACTION_EVENT = "job-action"  # one job or selected rows, applied at once
 BULK_EVENT = "job-bulk-action"  # everything matching a filter, as a durable job
 CREATED_EVENT = "job-created"  # "New job"
+DISCARD_EVENT = "job-discarded"  # finished jobs deleted by hand (one, selected)
+QUEUE_EVENT = "queue-action"  # a queue paused or resumed
+
+
+def event_for(action: str) -> str:
+    return DISCARD_EVENT if action == "discard" else ACTION_EVENT
+
+
 # Schedules: see recovery.dashboard.schedules (schedule-created, schedule-action).
 
 

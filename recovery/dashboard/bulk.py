@@ -36,7 +36,7 @@ from recovery.records import record_event
 
 OPERATION = "recovery.bulk_action"
 BATCH_SIZE = 500
-FILTER_KEYS = ("q", "state", "operation", "error")
+FILTER_KEYS = ("q", "state", "operation", "error", "queue")
 REPORT_KEY = "report"
 
 
@@ -58,8 +58,8 @@ class BulkAction(Operation):
 
     def clean_input(self, data: dict[str, Any]) -> dict[str, Any]:
         action = data.get("action")
-        if action not in {a.value for a in Action}:
-            raise InputRejected("action", "must be pause, resume, cancel or retry")
+        if action not in {a.value for a in Action} | {engine.DISCARD}:
+            raise InputRejected("action", "must be pause, resume, cancel, retry or discard")
         spec = data.get("filter")
         if not isinstance(spec, dict) or set(spec) - set(FILTER_KEYS):
             raise InputRejected("filter", f"must be an object with keys among {FILTER_KEYS}")
@@ -115,7 +115,10 @@ class BulkAction(Operation):
             return self.report(ctx)
         owner = _owner(ctx.job_id)
         actor = owner.get_username() if owner is not None else ""
-        outcomes = engine.act(ctx.input["action"], unit.payload["ids"], actor=actor)
+        if ctx.input["action"] == engine.DISCARD:  # finished jobs only, checked in the DELETE
+            outcomes = engine.discard(unit.payload["ids"])
+        else:
+            outcomes = engine.act(ctx.input["action"], unit.payload["ids"], actor=actor)
         refusals = Counter(o.refusal for o in outcomes if o.refused)
         return {
             "applied": sum(1 for o in outcomes if o.applied),

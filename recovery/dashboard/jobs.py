@@ -31,11 +31,12 @@ from durable import jobs as engine
 from durable.errors import DurableError, InputRejected, UnknownOperation
 from durable.models import Job
 from durable.operations import registered
+from durable.queues import paused_queues
 from durable.states import JobState, OnRestart
 from durable.tasks.describe import task_detail, task_summary
 from recovery.models import RecoveryEvent
 
-from . import audit, rights
+from . import audit, console, rights
 from .access import (
     allowed_actions,
     can_act,
@@ -62,7 +63,17 @@ ENGINE_ACTIONS = {
     "resume": engine.resume,
     "cancel": engine.cancel,
     "retry": engine.retry_now,
+    "discard": lambda job_id, actor: engine.discard([job_id])[0],
 }
+
+
+def apply_to(action: str, ids: list[int], actor: str) -> list[Any]:
+    """The engine's outcomes of ``action`` on ``ids`` (discard deletes: its own call)."""
+    if action == "discard":
+        return engine.discard(ids)
+    return engine.act(action, ids, actor=actor)
+
+
 # Sent with every action's htmx reply: the Jobs table re-reads itself on it (it may
 # not be polling: whether it polls was decided when it was last rendered).
 CHANGED_EVENT = "jobs-changed"
@@ -120,6 +131,14 @@ def error_classes() -> list[str]:
 
 # --- the list -----------------------------------------------------------------------------
 
+SORT_LABELS = {
+    "-created": "Newest first",
+    "created": "Oldest first",
+    "-attempts": "Most attempts",
+    "attempts": "Fewest attempts",
+    "next": "Next attempt soonest",
+    "-next": "Next attempt latest",
+}
 STATE_LABELS = {
     "all": "All states",
     "active": "Active",
@@ -135,8 +154,10 @@ def job_list(request: HttpRequest) -> HttpResponse:
     query = parse_table_query(request.GET, JOB_FILTERS)
     listing = jobs_listing(query, now)
     allowed = allowed_actions(request.user)
+    served, paused = console.serving(now), set(paused_queues())
     for job in listing.rows:
         decorate(job, allowed, now)
+        job.why_waiting = console.why_waiting(job, served, paused)
     context = page_context(
         request,
         "jobs",
@@ -152,6 +173,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
         return table_fragment(request, "problems/_jobs_results.html", context, query)
     context.update(
         states=[(state, STATE_LABELS[state]) for state in JOB_STATES],
+        sorts=list(SORT_LABELS.items()),
         operations=operation_choices(),
         errors=error_classes(),
     )
@@ -170,6 +192,7 @@ def detail_context(request: HttpRequest, job: Job) -> dict[str, Any]:
     """
     now = timezone.now()
     decorate(job, allowed_actions(request.user), now)
+    job.why_waiting = console.why_waiting(job, console.serving(now), set(paused_queues()))
     upto = _seq_param(request.GET.get("upto"), job.event_seq)
     detail_url = reverse("problems:job", args=[job.pk])
     # "Earlier events" keeps its place while it polls; the latest events need no ?upto=.
@@ -238,7 +261,11 @@ def _answer(request: HttpRequest, job_id: int, said: Any, fallback: str) -> Http
     """htmx: the job's fresh row (or detail) and the message; otherwise back, with the message."""
     if not wants_fragment(request):
         messages.add_message(request, getattr(messages, said.level.upper()), said.text)
-        return redirect(safe_next(request, fallback))
+        target = safe_next(request, fallback)
+        own_page = reverse("problems:job", args=[job_id])
+        if target.startswith(own_page) and not Job.objects.filter(pk=job_id).exists():
+            target = reverse("problems:jobs")  # discarded: its page is gone
+        return redirect(target)
     job = Job.objects.filter(pk=job_id).first()
     message = {"level": said.level, "message": said.text}
     if job is None:
@@ -262,7 +289,9 @@ def _answer(request: HttpRequest, job_id: int, said: Any, fallback: str) -> Http
 @require_POST
 def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
     if action not in ENGINE_ACTIONS:
-        raise Http404(f"There is no action {action[:40]!r}: pause, resume, cancel or retry.")
+        raise Http404(
+            f"There is no action {action[:40]!r}: pause, resume, cancel, retry or discard."
+        )
     if not can_act(request.user, action):
         return refuse(request, f"no-permission:{action}", f"You may not {action} jobs.")
     outcome = ENGINE_ACTIONS[action](job_id, actor=audit.actor(request))
@@ -272,7 +301,7 @@ def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
     operation = Job.objects.filter(pk=job_id).values_list("operation", flat=True).first() or ""
     audit.record_action(
         request,
-        audit.ACTION_EVENT,
+        audit.event_for(action),
         detail=f"{audit.actor(request)}: {action} job {job_id} — {said.text}",
         done=not outcome.refused,
         job_ids=[job_id],
@@ -375,12 +404,12 @@ def _int(value: Any, default: int) -> int:
 
 
 def _bulk_selected(request: HttpRequest, action: str, ids: list[int], back: str) -> HttpResponse:
-    outcomes = engine.act(action, ids, actor=audit.actor(request))
+    outcomes = apply_to(action, ids, audit.actor(request))
     said = summarize(action, [(o.applied, o.refusal) for o in outcomes])
     refused = [o for o in outcomes if o.refused]
     audit.record_action(
         request,
-        audit.ACTION_EVENT,
+        audit.event_for(action),
         detail=f"{audit.actor(request)}: {action} {len(ids)} selected jobs — {said.text}",
         done=not refused,
         job_ids=ids,

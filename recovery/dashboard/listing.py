@@ -35,6 +35,7 @@ from django.db import connection
 from django.db.models import BooleanField, Case, IntegerField, Q, QuerySet, Sum, When
 from django.db.models.expressions import RawSQL
 
+from durable.clientip import parse_address
 from durable.models import Job
 from durable.states import JobState
 from recovery.models import DailyCount, RecoveryEvent, SecurityEvent
@@ -57,13 +58,32 @@ FILTERED_SCAN = 20_000  # SQLite: matches of a search looked at when a filter is
 RECOVERY_STATUSES = ("all", "done", "failed", "deleted")
 RECOVERY_FILTERS = (Filter("status", RECOVERY_STATUSES, "all"),)
 SEVERITIES = ("all", "info", "warning", "error")
-SECURITY_FILTERS = (Filter("severity", SEVERITIES, "all"),)
+# ?sort=: the orders a user would sort by; each ends in a unique column, so pages are stable.
+SECURITY_SORTS = {
+    "-last": ("-last_seen", "-id"),  # the default, and an index
+    "-count": ("-count", "-last_seen"),  # an index too
+    "-first": ("-first_seen", "-id"),
+    "first": ("first_seen", "id"),
+}
+SECURITY_FILTERS = (
+    Filter("severity", SEVERITIES, "all"),
+    Filter("sort", tuple(SECURITY_SORTS), "-last"),
+)
 JOB_STATES = ("all", "active", "retrying", *JobState.values)
 JOB_FILTERS = (
     Filter("state", JOB_STATES, "all"),
     Filter("operation"),
     Filter("error"),
+    Filter("queue"),
+    Filter("sort", ("-created", "created", "-attempts", "attempts", "next", "-next"), "-created"),
 )
+JOB_SORTS = {  # "-created" (newest first) is read by id from either end: read_window
+    "created": ("id",),
+    "-attempts": ("-attempts", "-id"),
+    "attempts": ("attempts", "-id"),
+    "next": ("next_attempt_at", "-id"),
+    "-next": ("-next_attempt_at", "-id"),
+}
 
 
 @dataclass
@@ -308,8 +328,7 @@ def _scan_was_cut(text: str) -> bool:
     return counted > FILTERED_SCAN
 
 
-def _recent_search(query: TableQuery, status: str) -> Listing:
-    """Searches under three characters: the newest ``RECENT_SCAN`` events, scanned."""
+def _recent_scan(text: str, status: str) -> tuple[int | None, str, list[Any]]:
     floor = (
         RecoveryEvent.objects.order_by("-id")
         .values_list("id", flat=True)[RECENT_SCAN - 1 : RECENT_SCAN]
@@ -321,7 +340,12 @@ def _recent_search(query: TableQuery, status: str) -> Listing:
         f"SELECT e.id FROM {_TABLE} e WHERE e.id >= %s AND ({_like_any(operator)}){condition} "
         "ORDER BY e.id DESC"
     )
-    params = [floor or 0, *[like_contains(query.q)] * 3]
+    return floor, scan, [floor or 0, *[like_contains(text)] * 3]
+
+
+def _recent_search(query: TableQuery, status: str) -> Listing:
+    """Searches under three characters: the newest ``RECENT_SCAN`` events, scanned."""
+    floor, scan, params = _recent_scan(query.q, status)
     counted = _fetch(f"SELECT count(*) FROM ({scan}) AS m", params)[0]
     win = window(query.page, query.per_page, counted)
     ids = (
@@ -363,12 +387,57 @@ def recent_problems(limit: int) -> list[RecoveryEvent]:
     return sorted(merged.values(), key=lambda event: event.pk, reverse=True)[:limit]
 
 
+def who_sql(text: str, status: str) -> tuple[str, list[Any]]:
+    """Events by ``text`` as a user name or user id (exactly) or an address, newest first.
+
+    Each term repeats its partial index's condition (SQLite uses a partial index only
+    when the query states its condition), so this is a few index range scans.
+    """
+    terms = ["(e.username = %s AND e.username > '')", "(e.user_id = %s AND e.user_id > '')"]
+    params: list[Any] = [text, text]
+    address = parse_address(text)
+    if address is not None:
+        terms.append(f"e.ipv{address.version} = %s")
+        params.append(str(address))
+    condition = _SQL_STATUS[connection.vendor][status]
+    return (
+        f"SELECT e.id FROM {_TABLE} e WHERE ({' OR '.join(terms)}){condition} "
+        "ORDER BY e.id DESC LIMIT %s",
+        [*params, SEARCH_LIMIT + 1],
+    )
+
+
+def _with_who(listing: Listing, query: TableQuery, status: str) -> Listing:
+    """The text search's rows plus the events whose actor or address is the text.
+
+    Most searches match nobody by name or address: one cheap query, and the text
+    search's own page stands. Otherwise both id lists (each at most SEARCH_LIMIT) are
+    merged newest first and paged together.
+    """
+    who = _fetch(*who_sql(query.q, status))
+    if not who:
+        return listing
+    if uses_index(query.q):
+        sql_text, _, kind = _indexed_search_sql(status)
+        upto = sql.indexed_upto(connection)
+        text_ids = _tail_matches(query, status, upto) if upto is not None else []
+        text_ids += _fetch(f"{sql_text} LIMIT %s", [*_params(kind, query.q), SEARCH_LIMIT + 1])
+    else:
+        _, scan, params = _recent_scan(query.q, status)
+        text_ids = _fetch(f"{scan} LIMIT %s", [*params, SEARCH_LIMIT + 1])
+    merged = sorted(set(text_ids) | set(who), reverse=True)
+    bounded = len(merged) > SEARCH_LIMIT
+    win = window(query.page, query.per_page, min(len(merged), SEARCH_LIMIT), bounded=bounded)
+    ids = merged[win.offset : win.offset + win.limit]
+    return Listing(_rows_by_id(ids), win, listing.note)
+
+
 def recovery_listing(query: TableQuery) -> Listing:
     status = query.get("status") or "all"
     if query.q:
         if uses_index(query.q):
-            return _indexed_search(query, status)
-        return _recent_search(query, status)
+            return _with_who(_indexed_search(query, status), query, status)
+        return _with_who(_recent_search(query, status), query, status)
     total = recovery_totals()[status]
     win = window(query.page, query.per_page, total)
     return Listing(read_window(recovery_status(RecoveryEvent.objects.all(), status), win), win)
@@ -391,7 +460,8 @@ def security_listing(query: TableQuery) -> Listing:
             | Q(detail__icontains=query.q)
         )
     win = window(query.page, query.per_page, rows.count())
-    page = list(rows.latest_first()[win.offset : win.offset + win.limit]) if win.limit else []
+    order = SECURITY_SORTS.get(query.get("sort"), SECURITY_SORTS["-last"])
+    page = list(rows.order_by(*order)[win.offset : win.offset + win.limit]) if win.limit else []
     return Listing(page, win)
 
 
@@ -404,7 +474,8 @@ def job_filter(queryset: QuerySet, spec: dict[str, str], now: datetime) -> Query
     Shared by the list, the bulk-action confirmation and the bulk-action job,
     so "everything matching the current filter" means the same everywhere.
     ``q`` is a job id (``42`` or ``#42``) or a literal piece of the operation
-    name, the owner or the lease owner (the worker holding it: ``host:pid:…``).
+    name, the owner, the lease owner (the worker holding it: ``host:pid:…``), the
+    last error's class or the reason it stopped (for a failed job, its error message).
     """
     state = spec.get("state") or "all"
     if state == "active":
@@ -417,6 +488,8 @@ def job_filter(queryset: QuerySet, spec: dict[str, str], now: datetime) -> Query
         queryset = queryset.filter(operation=spec["operation"])
     if spec.get("error"):
         queryset = queryset.filter(last_error_class=spec["error"])
+    if spec.get("queue"):
+        queryset = queryset.filter(queue=spec["queue"])
     text = (spec.get("q") or "").strip()
     if text:
         condition = (
@@ -424,16 +497,25 @@ def job_filter(queryset: QuerySet, spec: dict[str, str], now: datetime) -> Query
         )
         digits = text.removeprefix("#")
         if digits.isascii() and digits.isdigit() and len(digits) <= 18:
-            condition |= Q(pk=int(digits))
+            condition |= Q(pk=int(digits))  # a number is a job id, not a piece of a message
+        else:
+            # the error: its class and the reason it stopped (a failed job's message). Not
+            # the ``errors`` JSON as text: "[" or "message" would match every job with one.
+            condition |= Q(last_error_class__icontains=text) | Q(reason__icontains=text)
         queryset = queryset.filter(condition)
     return queryset
 
 
 def job_spec(query: TableQuery) -> dict[str, str]:
-    return {"q": query.q, **dict(query.filters)}
+    """Which jobs (the order is the page's business, not the filter's)."""
+    return {"q": query.q, **{k: v for k, v in query.filters if k != "sort"}}
 
 
 def jobs_listing(query: TableQuery, now: datetime) -> Listing:
     rows = job_filter(Job.objects.all(), job_spec(query), now)
     win = window(query.page, query.per_page, rows.count())
-    return Listing(read_window(rows, win), win)
+    order = JOB_SORTS.get(query.get("sort"))
+    if order is None:
+        return Listing(read_window(rows, win), win)
+    page = list(rows.order_by(*order)[win.offset : win.offset + win.limit]) if win.limit else []
+    return Listing(page, win)

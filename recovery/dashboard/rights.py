@@ -13,6 +13,8 @@ this (``access.staff_required``): these rules only refine what a staff user gets
 - **Acting** on jobs needs ``view_job`` and the action's permission
   (``pause_job`` for pause and resume, ``cancel_job``, ``retry_job``;
   ``change_job`` implies all three): "retry-only" is view + retry.
+- **Discarding** finished jobs needs ``view_job`` and ``delete_job`` (not implied by
+  ``change_job``: it deletes); **pausing a queue** needs ``view_job`` and ``pause_queue``.
 - **Starting** jobs ("New job") needs ``view_job`` and ``add_job``; an
   operation marked ``Access.PRIVILEGED`` also needs ``start_privileged_job``, and
   one marked ``Access.SYSTEM`` is never started by hand.
@@ -39,7 +41,11 @@ ACTION_PERMISSIONS = {
     "resume": "durable.pause_job",
     "cancel": "durable.cancel_job",
     "retry": "durable.retry_job",
+    # Deleting finished jobs: Django's own delete permission, never implied by change_job.
+    "discard": "durable.delete_job",
 }
+UNIMPLIED_ACTIONS = frozenset({"discard"})
+QUEUE_PERMISSION = "durable.pause_queue"  # pause and resume whole queues
 CHANGE_PERMISSION = "durable.change_job"
 ADD_PERMISSION = "durable.add_job"
 PRIVILEGED_PERMISSION = "durable.start_privileged_job"
@@ -66,7 +72,14 @@ def may_act(perms: Set[str], action: str) -> bool:
     permission = ACTION_PERMISSIONS.get(action)
     if permission is None or not may_view(perms, "jobs"):
         return False
+    if action in UNIMPLIED_ACTIONS:
+        return permission in perms
     return permission in perms or CHANGE_PERMISSION in perms
+
+
+def may_pause_queues(perms: Set[str]) -> bool:
+    """May pause and resume queues (Queues page): ``pause_queue``, its own permission."""
+    return may_view(perms, "jobs") and QUEUE_PERMISSION in perms
 
 
 def may_add(perms: Set[str]) -> bool:

@@ -2,7 +2,7 @@
 
 from django.urls import path, register_converter
 
-from . import jobs, record, schedules, views
+from . import console, jobs, record, schedules, views
 
 
 class JobId:
@@ -31,6 +31,9 @@ urlpatterns = [
     path("jobs/bulk/", jobs.bulk, name="bulk"),
     path("jobs/<job:job_id>/", jobs.job_detail, name="job"),
     path("jobs/<job:job_id>/<slug:action>/", jobs.job_action, name="job-action"),
+    path("queues/", console.queues, name="queues"),
+    path("queues/<slug:change>/", console.queue_change, name="queue-change"),
+    path("workers/", console.workers, name="workers"),
     path("schedules/", schedules.schedule_list, name="schedules"),
     path("schedules/new/", schedules.new_schedule, name="new-schedule"),
     path(

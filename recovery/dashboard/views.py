@@ -126,12 +126,15 @@ def summary(request: HttpRequest) -> HttpResponse:
         return render(request, "problems/_in_progress.html", context)
     context = page_context(request, "summary", shown=shown)
     if shown["jobs"]:
+        from .console import throughput_context  # console builds on this module
+
         counts = job_counts()
         context.update(
             running=in_progress(),
             counts=counts,
             in_progress_total=counts[JobState.RUNNING] + counts[JobState.CANCELLING],
             retrying=Job.objects.retrying(now).count(),
+            **throughput_context(request, now),
         )
     if shown["recovery"]:
         context.update(

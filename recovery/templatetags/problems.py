@@ -7,6 +7,8 @@ from datetime import datetime
 from typing import Any
 
 from django import template
+from django.utils import timezone
+from django.utils.html import format_html
 
 from recovery.dashboard import formatting
 from recovery.dashboard.query import TableQuery
@@ -67,3 +69,42 @@ def page_link(
 ) -> dict[str, Any]:
     """A pager link that works as a plain link and, with htmx, swaps only the results."""
     return {"url": query_url(context, query, page=page), "text": text, "rel": rel, "title": title}
+
+
+@register.simple_tag(takes_context=True)
+def sort_link(context: template.Context, query: TableQuery, key: str, label: str) -> str:
+    """A column header that sorts by ``key`` (``-key``: descending first); a second click
+    reverses it. A plain link (a full page: the toolbar then shows the order too)."""
+    current = query.get("sort")
+    name = key.lstrip("-")
+    if current.lstrip("-") == name:
+        target = name if current.startswith("-") else f"-{name}"
+        arrow = " ▼" if current.startswith("-") else " ▲"
+        state = "descending" if current.startswith("-") else "ascending"
+    else:
+        target, arrow, state = key, "", ""
+    url = query_url(context, query, sort=target)
+    title = f"Sort by {label.lower()}" + (f" (now {state})" if state else "")
+    return format_html(
+        '<a class="sort" href="{}" title="{}"{}>{}{}</a>',
+        url,
+        title,
+        format_html(' aria-current="true" data-sort="{}"', state) if state else "",
+        label,
+        arrow,
+    )
+
+
+@register.filter
+def iso(moment: datetime | None) -> str:
+    """``datetime`` attribute text: what ``|date:'c'`` gives, without its per-call cost
+    (Django's date formatting, ~70 µs, adds up on a table of timestamps)."""
+    return moment.isoformat() if moment else ""
+
+
+@register.filter
+def stamp(moment: datetime | None) -> str:
+    """``Y-m-d H:i:s`` in the current time zone (UTC here), as a title shows it."""
+    if not moment:
+        return ""
+    return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S")

@@ -32,6 +32,49 @@
     }
   });
 
+  // No click is lost to a refresh. A part that refreshes itself (".js-refresh": a table
+  // page's results, a job's detail) is replaced by its refresh's reply, so nothing may wait
+  // on it: actions (".js-action") wait only on themselves, and searches, filters and pager
+  // links queue on the toolbar form, which is never replaced. What remains is order: a
+  // refresh read before an action, a search or a page change was sent must not overwrite
+  // that request's answer. So a refresh does not start while an action is in flight (the
+  // action's reply announces "jobs-changed", which refreshes the table after it), and a
+  // refresh reply is dropped when another request was sent since it left, or when its part
+  // has been replaced meanwhile; a fresh refresh follows.
+  var sent = 0; // requests other than refreshes, so far
+
+  function actionPending() {
+    return document.querySelector(".js-action.htmx-request") !== null;
+  }
+
+  function isRefresh(elt) {
+    return !!(elt && elt.classList && elt.classList.contains("js-refresh"));
+  }
+
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var elt = event.detail.elt;
+    if (isRefresh(elt)) {
+      if (actionPending()) {
+        event.preventDefault();
+        return;
+      }
+      elt.jsSentAfter = sent;
+    } else {
+      sent += 1;
+    }
+  });
+
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    var config = event.detail.requestConfig; // event.detail.elt is the target here
+    var elt = config && config.elt;
+    if (!isRefresh(elt)) return;
+    if (elt.jsSentAfter === sent && document.body.contains(elt)) return;
+    event.detail.shouldSwap = false; // stale: read before the latest request was sent
+    window.setTimeout(function () {
+      if (!actionPending()) htmx.trigger(document.body, "jobs-changed");
+    }, 0);
+  });
+
   document.addEventListener("DOMContentLoaded", function () { syncSelection(); });
   document.addEventListener("htmx:afterSettle", function () { syncSelection(); });
 })();

@@ -347,6 +347,10 @@ def test_unit_timeout__a_hung_unit_ends_its_process_before_anyone_may_run_it_aga
     assert (job.reclaims, job.attempts) == (1, 1)  # taken back as after a crash
     assert done_lines(out) == {"u0": 1}
     assert "did not stop after its unit_timeout" in workers.log(hung)
+    # how each ended, for the Workers page: exit 70 (kept when the peer finds it gone), clean
+    reasons = dict(WorkerProcess.objects.values_list("pid", "exit_reason"))
+    assert reasons[hung.pid] == WorkerProcess.EXIT_UNIT_TIMEOUT
+    assert reasons[peer.pid] == WorkerProcess.EXIT_CLEAN
 
 
 def test_concurrent_workers__never_run_one_job_in_two_places(workers, tmp_path):

@@ -17,9 +17,9 @@ EVERYTHING = set(ACTIONS)
         ("running", False, EVERYTHING, ("pause", "cancel")),
         ("paused", False, EVERYTHING, ("resume", "cancel")),
         ("cancelling", False, EVERYTHING, ()),  # the worker finishes the cancel
-        ("failed", False, EVERYTHING, ("retry",)),
-        ("completed", False, EVERYTHING, ()),
-        ("cancelled", False, EVERYTHING, ()),
+        ("failed", False, EVERYTHING, ("retry", "discard")),
+        ("completed", False, EVERYTHING, ("discard",)),
+        ("cancelled", False, EVERYTHING, ("discard",)),
         # permissions remove buttons
         ("running", False, {"cancel"}, ("cancel",)),
         ("failed", False, {"pause", "cancel"}, ()),

@@ -222,6 +222,12 @@ def test_split_addresses(values, expected):
         ("2026-11-30", datetime(2026, 11, 30, tzinfo=UTC)),
         (1796205600, datetime(2026, 12, 2, 10, 0, tzinfo=UTC)),  # epoch seconds
         (1796205600000, datetime(2026, 12, 2, 10, 0, tzinfo=UTC)),  # epoch milliseconds
+        # quoted epoch, as WeKan's launch scripts write every value
+        ("1796205600", datetime(2026, 12, 2, 10, 0, tzinfo=UTC)),
+        (" 1796205600000 ", datetime(2026, 12, 2, 10, 0, tzinfo=UTC)),
+        ("1796205600.5", datetime(2026, 12, 2, 10, 0, 0, 500000, tzinfo=UTC)),
+        ("1e300", None),
+        ("99999999999999999", None),  # too many digits: not a time
         ("", None),
         ("  ", None),
         ("30/11/2026", None),

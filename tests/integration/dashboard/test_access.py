@@ -90,6 +90,14 @@ EXPECTED: dict[str, tuple[Callable[[Made], list[Any]], dict[str, Any], dict]] = 
     ),
     "job-action": (lambda made: [made.job.pk, "cancel"], {}, _posts()),
     "schedules": (_none, {}, _pages()),
+    "queues": (_none, {}, _pages()),
+    "workers": (_none, {}, _pages()),
+    # pause_queue is not among the operator's rights (conftest.EVERY_RIGHT): its own permission
+    "queue-change": (
+        lambda made: ["pause"],
+        {"queue": "default"},
+        {**_posts(), ("POST", "operator"): 403},
+    ),
     "new-schedule": (
         _none,
         {

@@ -227,7 +227,10 @@ def test_css__cells_wrap_long_unbroken_text():
 
     css = (Path(__file__).parents[3] / "static/problems/problems.css").read_text()
     rule = css.split(".grid th, .grid td {", 1)[1].split("}", 1)[0]
-    assert "overflow-wrap: anywhere" in rule
+    # break-word, not anywhere: "anywhere" lets auto-sized columns shrink until words that
+    # fit break mid-word ("ferretd b"); tests/browser/test_layout.py measures the result
+    assert "overflow-wrap: break-word" in rule
+    assert "anywhere" not in rule
 
 
 # --- one view, two renderings -------------------------------------------------------------------

@@ -1,0 +1,383 @@
+"""The operators' console: Queues, Workers and throughput over time.
+
+"Is the system healthy, and why is my job not running?" — one row per queue (ready,
+scheduled, running, paused, failed, the oldest ready job's wait, the live workers that
+serve it, finished in the last hour), one row per worker process (live or recently
+stopped, and how it stopped), and completed/failed/retried jobs per minute or hour.
+
+Every number comes from a grouped query on an indexed column; nothing here reads rows
+one by one, so the pages cost the same at 100,000 jobs as at 100. Pausing a queue goes
+through ``durable.queues`` (the engine owns the state; the claim reads it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.contrib import messages
+from django.core.cache import cache
+from django.db import connection
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_POST, require_safe
+
+from durable.models import Job, JobEvent, WorkerProcess, database_now
+from durable.policy import worker_alive
+from durable.queues import MAX_QUEUE_CHARS, pause_queue, paused_queues, resume_queue
+from durable.states import LEASED_STATES, JobState
+
+from . import audit, rights
+from . import throughput as tp
+from .access import held, refuse, staff_required, viewer_of
+from .query import clean_query, parse_choice
+from .views import page_context
+
+RECENT_STOPS = timedelta(hours=24)  # stopped workers shown this long
+WORKERS_SHOWN = 200  # live ones
+STOPPED_SHOWN = 50  # the newest of those that stopped within RECENT_STOPS
+LIVE_HORIZON = timedelta(hours=1)  # rows read to find live workers (each judged by its lease)
+HOURLY_CACHE_SECONDS = 60  # per-hour throughput charts are kept this long (per process)
+
+
+# --- workers ------------------------------------------------------------------------------
+
+STATUS_LABELS = {
+    "live": "Live",
+    "silent": "Lost (no heartbeat)",
+    "clean": "Stopped cleanly",
+    "lost": "Lost (killed or crashed)",
+    "unit-timeout": "Exit 70 (a unit overran its timeout)",
+    "stopped": "Stopped",
+}
+
+
+def worker_status(
+    *,
+    stopped_at: datetime | None,
+    exit_reason: str,
+    heartbeat_at: datetime,
+    lease_seconds: float,
+    now: datetime,
+) -> str:
+    """How a worker process is, or how it ended (a key of ``STATUS_LABELS``). Pure.
+
+    Exit 70 is recorded by the worker itself before it leaves, and stays even when a
+    peer later finds it gone; a worker that is silent beyond its own lease but not yet
+    found gone is "silent" — lost for all practical purposes.
+    """
+    if exit_reason == WorkerProcess.EXIT_UNIT_TIMEOUT:
+        return "unit-timeout"
+    if stopped_at is not None:
+        return exit_reason if exit_reason in STATUS_LABELS else "stopped"
+    if worker_alive(heartbeat_at=heartbeat_at, lease_seconds=lease_seconds, now=now):
+        return "live"
+    return "silent"
+
+
+def live_workers(now: datetime) -> list[WorkerProcess]:
+    rows = WorkerProcess.objects.not_stopped(now, LIVE_HORIZON).exclude(
+        exit_reason=WorkerProcess.EXIT_UNIT_TIMEOUT
+    )
+    return [
+        w
+        for w in rows
+        if worker_alive(heartbeat_at=w.heartbeat_at, lease_seconds=w.lease_seconds, now=now)
+    ]
+
+
+def serving(now: datetime) -> dict[str, list[str]]:
+    """Queue → ids of the live workers that claim from it."""
+    served: dict[str, list[str]] = {}
+    for worker in live_workers(now):
+        for queue in worker.queues or []:
+            served.setdefault(str(queue), []).append(worker.worker_id)
+    return served
+
+
+def why_waiting(job: Job, served: dict[str, list[str]], paused: set[str]) -> str:
+    """For a due queued job: why no worker takes it ("" when one should). Pure."""
+    if job.state != JobState.QUEUED:
+        return ""
+    if job.queue in paused:
+        return f"queue {job.queue} is paused"
+    if job.queue not in served:
+        return f"no live worker serves queue {job.queue}"
+    return ""
+
+
+@viewer_of("jobs")
+@require_safe
+def workers(request: HttpRequest) -> HttpResponse:
+    now = database_now()
+    running = WorkerProcess.objects.filter(stopped_at__isnull=True)
+    stopped = WorkerProcess.objects.filter(stopped_at__gte=now - RECENT_STOPS)
+    rows = [
+        *running.order_by("-started_at")[:WORKERS_SHOWN],
+        *stopped.order_by("-stopped_at")[:STOPPED_SHOWN],
+    ]
+    holding: dict[str, list[Job]] = {}
+    # By lease owner alone: SQLite then reads the lease index (leased jobs only), not every
+    # job of the leased states (paused ones, released, are thousands).
+    held = Job.objects.filter(
+        lease_owner__isnull=False, lease_owner__in=[w.worker_id for w in rows]
+    )
+    for job in held.only("id", "operation", "state", "units_done", "units_total", "lease_owner"):
+        if job.state in LEASED_STATES:
+            holding.setdefault(job.lease_owner, []).append(job)
+    for worker in rows:
+        worker.status = worker_status(
+            stopped_at=worker.stopped_at,
+            exit_reason=worker.exit_reason,
+            heartbeat_at=worker.heartbeat_at,
+            lease_seconds=worker.lease_seconds,
+            now=now,
+        )
+        worker.status_label = STATUS_LABELS[worker.status]
+        worker.holding = sorted(holding.get(worker.worker_id, []), key=lambda j: j.pk)
+    counts: dict[str, int] = {}
+    for worker in rows:
+        counts[worker.status] = counts.get(worker.status, 0) + 1
+    context = page_context(
+        request, "workers", workers=rows, now=now, counts=counts, recent=RECENT_STOPS
+    )
+    return render(request, "problems/workers.html", context)
+
+
+# --- queues -------------------------------------------------------------------------------
+
+
+@dataclass
+class QueueRow:
+    name: str
+    ready: int = 0
+    scheduled: int = 0
+    running: int = 0
+    paused_jobs: int = 0
+    failed: int = 0
+    oldest_ready: datetime | None = None
+    completed_hour: int = 0
+    failed_hour: int = 0
+    workers: list[str] = field(default_factory=list)
+    paused: Any = None  # the PausedQueue row while the queue is paused
+
+    @property
+    def unserved(self) -> bool:
+        """Work waits here and no live worker will ever take it."""
+        return not self.workers and (self.ready or self.scheduled) > 0
+
+
+def _as_datetime(value: Any) -> datetime | None:
+    """A timestamp from raw SQL: SQLite returns the stored UTC text."""
+    if value is None or isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(value).replace(tzinfo=UTC)
+
+
+def queue_rows(now: datetime) -> list[QueueRow]:
+    rows: dict[str, QueueRow] = {}
+
+    def row(name: str) -> QueueRow:
+        return rows.setdefault(name, QueueRow(name))
+
+    # Raw SQL, each statement an index-only read: per state and queue from
+    # durable_job_per_queue, finished in the last hour from durable_job_finished. The
+    # "|| ''" keeps SQLite from walking durable_job_queue_newest for the GROUP BY's
+    # order through all 100,000 rows instead.
+    table = connection.ops.quote_name(Job._meta.db_table)
+    at = connection.ops.adapt_datetimefield_value(now)
+    states = "'queued', 'running', 'paused', 'cancelling', 'failed'"
+    per_state = (
+        f"SELECT queue || '', state, next_attempt_at <= %s, count(*), min(next_attempt_at) "  # noqa: S608
+        f"FROM {table} WHERE state IN ({states}) GROUP BY 1, 2, 3"
+    )
+    finished = (
+        f"SELECT queue || '', state, count(*) FROM {table} "  # noqa: S608
+        "WHERE finished_at >= %s GROUP BY 1, 2"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(per_state, [at])
+        for queue, state, due, n, oldest in cursor.fetchall():
+            r = row(queue)
+            if state == JobState.QUEUED and due:
+                r.ready += n
+                oldest = _as_datetime(oldest)
+                r.oldest_ready = min(filter(None, (r.oldest_ready, oldest)), default=None)
+            elif state == JobState.QUEUED:
+                r.scheduled += n
+            elif state in (JobState.RUNNING, JobState.CANCELLING):
+                r.running += n
+            elif state == JobState.PAUSED:
+                r.paused_jobs += n
+            else:
+                r.failed += n
+        cursor.execute(
+            finished, [connection.ops.adapt_datetimefield_value(now - timedelta(hours=1))]
+        )
+        for queue, state, n in cursor.fetchall():
+            if state == JobState.COMPLETED:
+                row(queue).completed_hour += n
+            elif state == JobState.FAILED:
+                row(queue).failed_hour += n
+    for name, worker_ids in serving(now).items():
+        row(name).workers = sorted(worker_ids)
+    for name, paused in paused_queues().items():
+        row(name).paused = paused
+    return sorted(rows.values(), key=lambda r: r.name)
+
+
+@viewer_of("jobs")
+@require_safe
+def queues(request: HttpRequest) -> HttpResponse:
+    now = database_now()
+    chart = throughput_context(request, now)
+    context = page_context(
+        request,
+        "queues",
+        queues=queue_rows(now),
+        now=now,
+        may_pause_queues=rights.may_pause_queues(held(request.user)),
+        **chart,
+    )
+    return render(request, "problems/queues.html", context)
+
+
+@staff_required
+@require_POST
+def queue_change(request: HttpRequest, change: str) -> HttpResponse:
+    back = reverse("problems:queues")
+    if change not in ("pause", "resume"):
+        raise Http404(f"There is no queue change {change[:40]!r}: pause or resume.")
+    if not rights.may_pause_queues(held(request.user)):
+        return refuse(
+            request,
+            f"no-permission:{change}-queue",
+            f"You may not {change} queues ({rights.QUEUE_PERMISSION}).",
+        )
+    name = clean_query(request.POST.get("queue"), MAX_QUEUE_CHARS)
+    if not name:
+        messages.error(request, "Which queue? The form named none.")
+        return redirect(back)
+    actor = audit.actor(request)
+    if change == "pause":
+        reason = clean_query(request.POST.get("reason"), 500)
+        changed = pause_queue(name, actor=actor, reason=reason)
+        text = (
+            f"Queue {name} paused: workers take no new job from it; running jobs go on."
+            if changed
+            else f"Queue {name} is already paused: nothing to do."
+        )
+    else:
+        changed = resume_queue(name)
+        text = (
+            f"Queue {name} resumed: workers take its jobs again."
+            if changed
+            else f"Queue {name} is not paused: nothing to do."
+        )
+    audit.record_action(
+        request,
+        audit.QUEUE_EVENT,
+        detail=f"{actor}: {change} queue {name} — {text}",
+        done=True,
+        object_ids=[name],
+        titles=[name],
+    )
+    (messages.success if changed else messages.info)(request, text)
+    return redirect(back)
+
+
+# --- throughput ---------------------------------------------------------------------------
+
+
+def slot_sql(column: str, step: timedelta, vendor: str) -> str:
+    """SQL of the slot (minute or hour, UTC) a timestamp column falls in, evaluated in C.
+
+    Not Django's TruncMinute: on SQLite that calls back into Python once per row, which
+    costs ~1 s for the 30,000 jobs a busy hour finishes. SQLite stores UTC text
+    ("2026-12-03 06:34:49.123456"), so a prefix of it is the slot.
+    """
+    hourly = step >= timedelta(hours=1)
+    if vendor == "postgresql":
+        return f"date_trunc('{'hour' if hourly else 'minute'}', {column} AT TIME ZONE 'UTC')"
+    return f"substr({column}, 1, {13 if hourly else 16})"
+
+
+def parse_slot(value: Any) -> datetime:
+    """A slot as ``slot_sql`` returns it (text on SQLite, a naive UTC timestamp on
+    PostgreSQL) as an aware UTC datetime."""
+    if isinstance(value, str):
+        text = value if len(value) > 13 else f"{value}:00"
+        return datetime.fromisoformat(text).replace(tzinfo=UTC)
+    return value.replace(tzinfo=UTC) if timezone.is_naive(value) else value.astimezone(UTC)
+
+
+def throughput_counts(
+    start: datetime, range_name: str, *, queue: str = "", operation: str = ""
+) -> dict[tuple[datetime, str], int]:
+    """(slot, kind) → count since ``start``: two grouped queries on indexed columns
+    (``durable_job_finished``; the retry events' partial index, whose condition the
+    query states literally so that SQLite uses it)."""
+    step = tp.RANGES[range_name][0]
+    vendor = connection.vendor
+    jobs_table = connection.ops.quote_name(Job._meta.db_table)
+    events_table = connection.ops.quote_name(JobEvent._meta.db_table)
+    since = connection.ops.adapt_datetimefield_value(start)
+    narrow, narrow_params = "", []
+    if queue:
+        narrow += " AND j.queue = %s"
+        narrow_params.append(queue)
+    if operation:
+        narrow += " AND j.operation = %s"
+        narrow_params.append(operation)
+    counts: dict[tuple[datetime, str], int] = {}
+    # Only quoted table names and fixed fragments are formatted in; values are parameters.
+    job_slot = slot_sql("j.finished_at", step, vendor)
+    event_slot = slot_sql("e.created_at", step, vendor)
+    finished = (
+        f"SELECT {job_slot}, j.state, count(*) FROM {jobs_table} j "  # noqa: S608
+        f"WHERE j.finished_at >= %s{narrow} GROUP BY 1, 2"
+    )
+    join = f" JOIN {jobs_table} j ON j.id = e.job_id" if narrow else ""
+    retried = (
+        f"SELECT {event_slot}, 'retried', count(*) FROM {events_table} e{join} "  # noqa: S608
+        f"WHERE e.kind = 'retry_scheduled' AND e.created_at >= %s{narrow} GROUP BY 1"
+    )
+    with connection.cursor() as cursor:
+        for sql_text in (finished, retried):
+            cursor.execute(sql_text, [since, *narrow_params])
+            for slot, kind, n in cursor.fetchall():
+                if kind not in tp.KINDS:
+                    continue  # cancelled: not filtered in SQL, so that only the
+                    # finished_at index applies (a state index would need every row)
+                key = (parse_slot(slot), kind)
+                counts[key] = counts.get(key, 0) + n
+    return counts
+
+
+def throughput_context(request: HttpRequest, now: datetime) -> dict[str, Any]:
+    """The chart and its controls, from ``?range=&queue=&operation=`` (forgiving)."""
+    range_name = parse_choice(request.GET.get("range"), tuple(tp.RANGES), "hour")
+    queue = clean_query(request.GET.get("queue"), MAX_QUEUE_CHARS)
+    operation = clean_query(request.GET.get("operation"), 100)
+    start = tp.first_slot(now, range_name)
+    if tp.RANGES[range_name][0] >= timedelta(hours=1):
+        # Hourly slots over a day or a week read every job finished in them (80,000 in
+        # the benchmark: ~80 ms); such a chart needs no fresher numbers than a minute old.
+        key = f"problems:throughput:{range_name}:{start:%Y%m%d%H}:{queue}:{operation}"
+        counts = cache.get_or_set(
+            key,
+            lambda: throughput_counts(start, range_name, queue=queue, operation=operation),
+            HOURLY_CACHE_SECONDS,
+        )
+    else:
+        counts = throughput_counts(start, range_name, queue=queue, operation=operation)
+    return {
+        "throughput": tp.throughput(tp.series(counts, now, range_name), range_name),
+        "tp_range": range_name,
+        "tp_ranges": [(name, label) for name, (_, _, label) in tp.RANGES.items()],
+        "tp_queue": queue,
+        "tp_operation": operation,
+    }
