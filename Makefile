@@ -59,7 +59,7 @@ test: $(STAMP) lint
 # anchor of the built HTML is checked (no network: external links are not fetched).
 docs: $(DOCS_STAMP)
 	rm -rf docs/_build/html
-	$(BIN)/python -m sphinx -W --keep-going -n -q -b html docs docs/_build/html
+	$(BIN)/python -m sphinx -W --keep-going -q -b html docs docs/_build/html
 	$(BIN)/python docs/_ext/check_links.py docs/_build/html
 
 # Long torture runs: not part of `make test`.

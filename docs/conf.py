@@ -32,14 +32,14 @@ extensions = [
     "durable_docs",
 ]
 source_suffix = {".md": "markdown"}
-exclude_patterns = ["_build"]
+exclude_patterns = ["_build", "reference/_generated"]
 myst_heading_anchors = 3
 myst_enable_extensions = ["colon_fence", "deflist"]
 suppress_warnings = []
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-autodoc_default_options = {"members": True, "show-inheritance": False}
+autodoc_default_options: dict = {}
 
 html_theme = "furo"
 html_title = "restart-safe"
