@@ -11,6 +11,7 @@ screenshots the Summary page while jobs are in progress. Nothing leaves loopback
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -72,7 +73,8 @@ def sample_data(env: dict[str, str]) -> None:
     (Path(env["VAR_DIR"]).parent / "uploads" / "2025" / "report.pdf").write_bytes(b"%PDF-1.7")
     manage(env, "move_files", "uploads", "archive", "--prefix", "2025/")
     for units, sleep in ((40, 0.5), (25, 0.8), (60, 0.3)):
-        manage(env, "enqueue_job", "durable.noop", "--input", f'{{"units": {units}, "sleep": {sleep}}}')
+        job_input = json.dumps({"units": units, "sleep": sleep})
+        manage(env, "enqueue_job", "durable.noop", "--input", job_input)
     for _ in range(3):
         manage(env, "enqueue_job", "durable.noop", "--input", '{"units": 5}', "--queue", "later")
 
@@ -104,14 +106,32 @@ def main() -> int:
         port = free_port()
         processes = [
             subprocess.Popen(
-                [PY, "-m", "gunicorn", "-c", "gunicorn.conf.py", "recovery.wsgi",
-                 "--bind", f"127.0.0.1:{port}", "--workers", "1", "--threads", "4"],
-                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            ),  # fmt: skip
+                [
+                    PY,
+                    "-m",
+                    "gunicorn",
+                    "-c",
+                    "gunicorn.conf.py",
+                    "recovery.wsgi",
+                    "--bind",
+                    f"127.0.0.1:{port}",
+                    "--workers",
+                    "1",
+                    "--threads",
+                    "4",
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            ),
             subprocess.Popen(
                 [PY, "manage.py", "runworker", "--concurrency", "3"],
-                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            ),  # fmt: skip
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            ),
         ]
         try:
             wait_for_port(port)
