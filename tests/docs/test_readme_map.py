@@ -53,3 +53,17 @@ def test_each_old_readme_heading_is_on_its_page(heading: str, page: str) -> None
     path = DOCS / page
     assert path.exists(), f"{page} (named in README-MAP.md for {heading!r}) does not exist"
     assert heading in page_headings(path), f"{heading!r} is no longer a heading of {page}"
+
+
+README = DOCS.parent / "README.md"
+
+
+def test_the_readme_is_short_and_its_links_lead_somewhere() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 150
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    local = [link for link in links if not re.match(r"[a-z]+:", link)]
+    assert len(local) >= 15  # the links into the docs, and the screenshot
+    for link in local:
+        path = (README.parent / link.split("#", 1)[0]).resolve()
+        assert path.is_file(), f"README.md links to {link}, which does not exist"
