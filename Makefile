@@ -72,4 +72,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/builtin.py
 
 clean:
-	rm -rf $(VENV) var/staticfiles var/test-db.sqlite3* docs/_build
+	rm -rf $(VENV) var/staticfiles var/test-db.sqlite3* docs/_build docs/reference/_generated
