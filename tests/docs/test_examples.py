@@ -10,6 +10,7 @@ exist.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import re
 import shlex
@@ -282,3 +283,37 @@ def test_tutorial_operation(registry: None, tmp_path: Any) -> None:
     failed = drain(missing.pk)
     assert failed.state == "failed"
     assert "is not a directory" in failed.reason
+
+
+@pytest.mark.django_db
+def test_launch_script_helper_feeds_the_ingest(tmp_path: Any, settings: Any) -> None:
+    """The launch-script helper of the feed how-to, run by bash, writes lines the ingest takes."""
+    import shutil
+    import subprocess
+
+    from recovery.models import RecoveryEvent
+
+    bash = shutil.which("bash")
+    if bash is None or shutil.which("jq") is None:
+        pytest.skip("bash or jq is not installed")
+    block = find("docs/how-to/feed-recovery-events.md", "recovery_event()", language="sh")
+    helper = block.code.split("\nif sqlite3")[0]
+    events = tmp_path / "recovery-events.jsonl"
+    script = (
+        f"{helper}\n"
+        'recovery_event integrity-ok info "quick_check of \\"wekan\\" passed"\n'
+        "recovery_event corruption-detected error 'board 7: bad page' false\n"
+    )
+    subprocess.run(
+        [bash, "-euc", script],
+        env={"PATH": "/usr/bin:/bin", "RECOVERY_EVENTS_FILE": str(events)},
+        check=True,
+    )
+    settings.RECOVERY_EVENTS_FILE = str(events)
+    call_command("ingest_recovery_events", stdout=io.StringIO())  # what --wait runs, run here
+    assert drain(Job.objects.get(operation="recovery.ingest").pk).state == "completed"
+    ok = RecoveryEvent.objects.get(type="integrity-ok")
+    assert ok.detail == 'quick_check of "wekan" passed'
+    assert ok.done is True
+    bad = RecoveryEvent.objects.get(type="corruption-detected")
+    assert (bad.severity, bad.done, bad.db) == ("error", False, "wekan")
