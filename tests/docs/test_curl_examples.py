@@ -68,7 +68,11 @@ def run(command: str, server: Gunicorn, token: str, ids: dict[str, str]) -> tupl
 def server(tmp_path: Path) -> Any:
     if shutil.which("curl") is None:
         pytest.skip("curl is not installed")
-    site = Gunicorn(tmp_path, DURABLE_API_STREAM_POLL_SECONDS="0.2").start(workers=1)
+    # A stream lasts up to 55 s here (25 by default), so the job's 5 one-second units
+    # finish within one stream even on a loaded machine; curl's own limit is 60 s.
+    site = Gunicorn(
+        tmp_path, DURABLE_API_STREAM_POLL_SECONDS="0.2", DURABLE_API_STREAM_SECONDS="55"
+    ).start(workers=1)
     try:
         yield site
     finally:
