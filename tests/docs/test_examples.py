@@ -33,6 +33,7 @@ from tests.integration.servers import HttpServer, Reply
 from .snippets import Block, all_blocks, find
 
 HERE = "tests/docs/test_examples.py"
+TASKS = "tests/docs/test_task_examples.py"
 # (page, text that identifies the block) -> the test that runs it.
 RUN_BY = {
     ("README.md", "class Greet"): f"{HERE}::test_readme_first_durable_job",
@@ -54,6 +55,22 @@ RUN_BY = {
         f"{HERE}::test_recovery_event_example"
     ),
     ("docs/tutorials/first-operation.md", "class CountWords"): f"{HERE}::test_tutorial_operation",
+    (
+        "docs/how-to/write-a-django-task.md",
+        '"BACKEND": "durable.tasks.DurableBackend"',
+    ): f"{TASKS}::test_the_settings_example_configures_a_valid_backend",
+    ("docs/how-to/write-a-django-task.md", "def send_invoice"): (
+        f"{TASKS}::test_the_task_and_its_result_example"
+    ),
+    ("docs/how-to/write-a-django-task.md", "result = send_invoice.enqueue(42)"): (
+        f"{TASKS}::test_the_task_and_its_result_example"
+    ),
+    ("docs/how-to/write-a-django-task.md", "transaction.on_commit(partial("): (
+        f"{TASKS}::test_enqueue_on_commit_example"
+    ),
+    ("docs/how-to/write-a-django-task.md", "def import_account"): (
+        f"{TASKS}::test_durable_steps_example__a_retry_repeats_only_the_step_that_failed"
+    ),
 }
 
 
