@@ -8,6 +8,7 @@ Each command runs as written, with three substitutions: the server's address for
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import shlex
@@ -19,7 +20,9 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
+from durable.jobs import enqueue
 from tests.integration.dashboard.server import Gunicorn
+from tests.testapp import tasks
 
 from .snippets import find
 
@@ -114,3 +117,22 @@ def test_scheduled_rules_over_http(server: Gunicorn) -> None:
     schedule_id = re.search(r"Location: /api/schedules/(\d+)", body)[1]
     statuses = [run(command, server, secret, {"7": schedule_id})[0] for command in rest]
     assert statuses == [200, 200, 204]  # read, disable, delete
+
+
+def test_a_task_result(server: Gunicorn, workers: Any) -> None:
+    secret = token("jobs:read")
+    (command,) = commands(find(PAGE, "/api/jobs/42/result", language="sh").code)
+    result = tasks.add.enqueue(2, 3)
+    workers.run(lease=5)
+    status, body = run(command, server, secret, {"42": result.id})
+    assert status == 200, body
+    answer = json.loads(body)
+    assert (answer["task"], answer["status"], answer["return_value"]) == (
+        "tests.testapp.tasks.add",
+        "SUCCESSFUL",
+        5,
+    )
+    plain = enqueue("durable.noop", {"units": 1})
+    status, body = run(command, server, secret, {"42": str(plain.pk)})
+    assert status == 404, body
+    assert "not_a_task" in body
