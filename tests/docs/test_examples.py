@@ -56,6 +56,10 @@ RUN_BY = {
     ),
     ("docs/tutorials/first-operation.md", "class CountWords"): f"{HERE}::test_tutorial_operation",
     (
+        "docs/how-to/backup-and-restore.md",
+        "register_derived(",
+    ): f"{HERE}::test_register_derived_example",
+    (
         "docs/how-to/write-a-django-task.md",
         '"BACKEND": "durable.tasks.DurableBackend"',
     ): f"{TASKS}::test_the_settings_example_configures_a_valid_backend",
@@ -334,3 +338,23 @@ def test_launch_script_helper_feeds_the_ingest(tmp_path: Any, settings: Any) -> 
     assert ok.done is True
     bad = RecoveryEvent.objects.get(type="corruption-detected")
     assert (bad.severity, bad.done, bad.db) == ("error", False, "wekan")
+
+
+def test_register_derived_example() -> None:
+    """The page's declaration makes the engine skip the table and rebuild it after its source."""
+    from durable.builtin import derived
+
+    rebuilt: list[str] = []
+    before = dict(derived._derived)
+    try:
+        find("docs/how-to/backup-and-restore.md", "register_derived(").run(
+            {"rebuild_daily_sales": rebuilt.append}
+        )
+        assert "shop.dailysales" in derived.derived_labels()  # left out of backups and copies
+        (group,) = [g for g in derived.rebuilds_after(["shop.order"]) if g.name == "shop.stats"]
+        group.rebuild("default")
+        assert rebuilt == ["default"]
+        assert not [g for g in derived.rebuilds_after(["shop.customer"]) if g.name == "shop.stats"]
+    finally:
+        derived._derived.clear()
+        derived._derived.update(before)
