@@ -55,6 +55,7 @@ soak: $(STAMP)
 	$(BIN)/python bench/soak.py
 
 bench: $(STAMP)
+	$(BIN)/python bench/jobs.py
 	$(BIN)/python bench/throughput.py
 	$(BIN)/python bench/api.py
 	$(BIN)/python bench/builtin.py
