@@ -162,9 +162,17 @@ def _encode(value: Any) -> str:
 
 
 def pick_sql(
-    now: datetime, *, queues: list[str], operations: list[str], job_id: int | None = None
+    now: datetime,
+    *,
+    queues: list[str],
+    operations: list[str],
+    job_id: int | None = None,
+    lock: bool = True,
 ) -> tuple[str, list[Any]]:
-    """The SELECT that picks the next due job; an index range scan on durable_job_due."""
+    """The SELECT that picks the next due job; an index range scan on durable_job_due.
+
+    ``lock=False``: a plain read (the wake-up's "is anything due?").
+    """
     d = _dialect()
     where = ["state = 'queued'", f"next_attempt_at <= {d.now_sql}"]
     params: list[Any] = d.now(now)
@@ -178,7 +186,7 @@ def pick_sql(
     params.extend(operations)
     sql = (
         f"SELECT id FROM {d.table} WHERE {' AND '.join(where)} "
-        f"ORDER BY priority DESC, next_attempt_at, id LIMIT 1{d.skip_locked}"
+        f"ORDER BY priority DESC, next_attempt_at, id LIMIT 1{d.skip_locked if lock else ''}"
     )
     return sql, params
 

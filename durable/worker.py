@@ -26,16 +26,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from django.db import (
-    InterfaceError,
-    OperationalError,
-    close_old_connections,
-    connection,
-    transaction,
-)
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from . import faults, rescue, signals
+from . import faults, rescue, signals, wakeup
 from . import lease as leases
 from .errors import LeaseLost, NonRetryable, RetryLater, Stopping, Unavailable, UnitTimeout
 from .lease import Lease
@@ -122,6 +117,7 @@ class Worker:
         # When a unit that overran its unit_timeout was found still running a
         # grace period later: from then on the process drains and exits.
         self._hung_since: float | None = None
+        self._wakeup = wakeup.Wakeup()
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -155,6 +151,14 @@ class Worker:
             target=self._housekeeping_loop, name="durable-housekeeping", daemon=True
         )
         keeper.start()
+        if not self.burst:
+            wakeup.start_listener(
+                self._wakeup,
+                self.queues,
+                self.finished,
+                due_exists=self._due_exists,
+                sqlite_interval=getattr(settings, "DURABLE_SQLITE_WAKE_INTERVAL", 0.01),
+            )
         threads = [
             threading.Thread(target=self._executor_loop, name=f"durable-{n}", daemon=True)
             for n in range(self.concurrency)
@@ -218,6 +222,7 @@ class Worker:
 
     def stop(self) -> None:
         self.stopping.set()
+        self._wakeup.close()  # idle threads leave now, not at their next poll
         with self._lock:
             for execution in self._executions.values():
                 execution.ctx.stop_requested.set()
@@ -274,15 +279,16 @@ class Worker:
     # --- claiming -------------------------------------------------------------
 
     def _executor_loop(self) -> None:
-        # Jitter the first claim so a fleet restarting together does not stampede.
-        if self.stopping.wait(random.uniform(0, min(self.poll_interval, 1.0))):
-            return
+        # No start-up jitter: jobs taken back after a restart already come due
+        # gradually (rescue.reclaim_delay), and everything else should start now.
+        # The thread keeps its connection for its whole life (SQLite included: a
+        # reconnect costs a WAL checkpoint's fsync on the last close); it is
+        # dropped only after an error, and the next claim reconnects.
         idle = 0.0
         try:
             while not self.stopping.is_set():
                 if not self._reserve():
                     return
-                close_old_connections()
                 try:
                     claimed = leases.claim(
                         self.worker_id,
@@ -292,6 +298,7 @@ class Worker:
                     )
                 except Exception:
                     log.exception("claim failed; retrying", extra={"worker": self.worker_id})
+                    connection.close()
                     self._unreserve()
                     idle = min(max(idle * 2, self.poll_interval), 30.0)
                     self.stopping.wait(idle)
@@ -300,19 +307,33 @@ class Worker:
                     self._unreserve()
                     if self.burst:
                         return
-                    self.stopping.wait(self.poll_interval * random.uniform(0.8, 1.2))
+                    self._wakeup.wait(self.poll_interval * random.uniform(0.8, 1.2))
                     continue
                 idle = 0.0
+                if self._wakeup.idle:
+                    # There may be more: let one idle thread look too (a burst
+                    # reaches every thread; a lone job costs one empty claim).
+                    self._wakeup.signal()
                 try:
                     self.execute(*claimed)
                 except Exception:
                     # Typically the database went away while recording an outcome;
                     # the lease expires and restart recovery takes the job back.
                     log.exception("job left to lease expiry", extra={"job": claimed[0].job_id})
+                    connection.close()
                 with self._lock:
                     self._jobs_done += 1
         finally:
             connection.close()
+
+    def _due_exists(self) -> bool:
+        """A read (no lock taken): is a job this worker could claim due now?"""
+        sql, params = leases.pick_sql(
+            timezone.now(), queues=self.queues, operations=self.operations or [], lock=False
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone() is not None
 
     def _reserve(self) -> bool:
         """With ``max_jobs``, hold one of the remaining claims for this thread."""
@@ -346,7 +367,10 @@ class Worker:
             units_total=job.units_total,
             logger=logging.getLogger(f"durable.op.{job.operation}"),
         )
-        execution = Execution(lease, ctx, op, results_possible=leases.has_results(job.pk))
+        has_results = getattr(job, "has_results", None)  # the claim tells; else ask
+        if has_results is None:
+            has_results = leases.has_results(job.pk)
+        execution = Execution(lease, ctx, op, results_possible=has_results)
         with self._lock:
             self._executions[job.pk] = execution
         units = None
@@ -536,12 +560,12 @@ class Worker:
         interval = max(self.lease_seconds / 3.0, 0.05)
         try:
             while not self.finished.wait(interval):
-                close_old_connections()
                 try:
                     self._renew_all()
                     rescue.heartbeat(self.worker_id)
                 except Exception:
                     log.exception("lease renewal round failed", extra={"worker": self.worker_id})
+                    connection.close()  # the next round reconnects
         finally:
             connection.close()
 
@@ -556,7 +580,6 @@ class Worker:
         next_reclaim = time.monotonic() + reclaim_every * random.uniform(0.5, 1.0)
         try:
             while not self.finished.wait(interval):
-                close_old_connections()
                 try:
                     signals.send_now(signals.worker_heartbeat, worker_id=self.worker_id)
                     if time.monotonic() >= next_reclaim and not self.stopping.is_set():
@@ -564,6 +587,7 @@ class Worker:
                         next_reclaim = time.monotonic() + reclaim_every * random.uniform(0.8, 1.2)
                 except Exception:
                     log.exception("housekeeping round failed", extra={"worker": self.worker_id})
+                    connection.close()
         finally:
             connection.close()
 

@@ -7,15 +7,19 @@ of one step and fails when one more appears.
 from __future__ import annotations
 
 import json
+import time
+from datetime import timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from durable import jobs
 from durable.errors import InputRejected
 from durable.models import Job, JobEvent
+from tests.conftest import wait_until
 
 from .helpers import drain
 
@@ -146,3 +150,29 @@ def test_enqueue_job_command__inputs_file_enqueues_every_line_or_none(tmp_path, 
     with pytest.raises(CommandError, match="line 2 is not JSON"):
         call_command("enqueue_job", "durable.noop", "--inputs", str(path))
     assert Job.objects.count() == 5
+
+
+# --- wake-ups -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_wakeup__a_job_enqueued_into_an_idle_worker_starts_long_before_its_poll(workers):
+    """PostgreSQL: NOTIFY from the enqueue's transaction; SQLite: PRAGMA data_version."""
+    proc = workers.start("--poll-interval", "60")
+    first = jobs.enqueue("durable.noop", {"units": 1})
+    # Start-up claims at once; then the worker is idle, its next poll a minute away.
+    wait_until(lambda: Job.objects.get(pk=first.pk).state == "completed", timeout=30)
+    for pause in (0.3, 1.0):
+        time.sleep(pause)
+        job = jobs.enqueue("durable.noop", {"units": 1})
+        wait_until(lambda j=job: Job.objects.get(pk=j.pk).state == "completed", timeout=10)
+        job.refresh_from_db()
+        waited = (job.started_at - job.created_at).total_seconds()
+        assert waited < 2.0, (waited, workers.log(proc))
+    later = jobs.enqueue(
+        "durable.noop", {"units": 1}, run_after=timezone.now() + timedelta(hours=1)
+    )
+    time.sleep(0.3)
+    assert Job.objects.get(pk=later.pk).state == "queued"  # woken, but not due: not taken
+    assert proc.poll() is None, workers.log(proc)
