@@ -9,7 +9,10 @@ PostgreSQL differ only in the few lines of ``_Dialect``.
 
 Lease times use the database's clock on PostgreSQL (workers on several
 machines with skewed clocks still agree on when a lease expired) and the
-process clock on SQLite (one machine, one clock).
+process clock on SQLite (one machine, one clock). On SQLite that clock is read
+only once the write lock is held (``now_under_lock``): a writer can wait for
+the lock longer than a lease, and an expiry computed before the wait would be
+written already past.
 """
 
 from __future__ import annotations
@@ -76,12 +79,20 @@ class _Dialect:
             # SQLite: text timestamps; ``later`` and ``later - lease/3`` come as values.
             else f"CASE WHEN lease_expires_at < {p} THEN {p} ELSE lease_expires_at END"
         )
+        # PostgreSQL evaluates clock_timestamp() as it forms the new row, which for
+        # a row another transaction merely locked (FOR UPDATE, unchanged) is before
+        # waiting for it: such an UPDATE would write an expiry as old as its wait.
+        # Taking the row lock first, in a subquery, puts the clock after the wait.
+        # (SQLite: the values are computed once the write lock is held.)
+        fenced = f"id = {p} AND lease_owner = {p} AND lease_epoch = {p} AND state IN ({leased})"
+        commit_where = (
+            f"id = (SELECT id FROM {self.table} WHERE {fenced} FOR UPDATE)" if self.pg else fenced
+        )
         self.commit_sql = (
             f"UPDATE {self.table} SET checkpoint = {pj}, units_done = units_done + 1, "
             f"units_total = COALESCE({p}, units_total), updated_at = {p}, "
             f"event_seq = event_seq + {p}, lease_expires_at = COALESCE({extend}, "
-            f"lease_expires_at) WHERE id = {p} AND lease_owner = {p} AND lease_epoch = {p} "
-            f"AND state IN ({leased}) RETURNING state, event_seq"
+            f"lease_expires_at) WHERE {commit_where} RETURNING state, event_seq"
         )
         self.result_sql = (
             f"INSERT INTO {self.results} (job_id, key, result, created_at) "
@@ -104,7 +115,10 @@ class _Dialect:
         self.utc_text = not self.pg and settings.USE_TZ and connection.timezone == UTC
         held = f"id = %s AND lease_owner = %s AND lease_epoch = %s AND state IN ({leased})"
         self.renew_sql = (
-            f"UPDATE {self.table} SET lease_expires_at = {self.later_sql} "
+            f"UPDATE {self.table} SET lease_expires_at = {self.later_sql} WHERE id = "
+            f"(SELECT id FROM {self.table} WHERE {held} FOR UPDATE) RETURNING state"
+            if self.pg  # the row lock first, then the clock (see commit_sql)
+            else f"UPDATE {self.table} SET lease_expires_at = {self.later_sql} "
             f"WHERE {held} RETURNING state"
         )
         # The renewal thread's form: never waits for a row lock. The one lock it
@@ -158,6 +172,20 @@ def _encode(value: Any) -> str:
     return json.dumps(value, default=str)
 
 
+def now_under_lock() -> datetime:
+    """The moment a lease write starts from; call it only once the write lock is held.
+
+    SQLite lease expiries are computed in Python from this moment. Read before
+    ``BEGIN IMMEDIATE`` returned, it would be as old as the wait for the lock —
+    and another process (an atomic unit, a large import batch) can hold the lock
+    for longer than a lease, so the renewal that finally commits would write an
+    expiry already past and a peer could take back the job of a live worker.
+    PostgreSQL computes expiries in SQL (``clock_timestamp()``) when the
+    statement has its row, so there the value only stamps ``updated_at``.
+    """
+    return timezone.now()
+
+
 # --- claim -----------------------------------------------------------------------
 
 
@@ -208,17 +236,18 @@ def claim(
     if not operations or (not queues and job_id is None):
         return None
     d = _dialect()
-    now = timezone.now()
-    later_params = d.later(now, lease_seconds)
-    pick, params = pick_sql(now, queues=queues, operations=operations, job_id=job_id)
-    sql = (
-        f"UPDATE {d.table} SET state = 'running', lease_owner = %s, "
-        f"lease_expires_at = {d.later_sql}, lease_epoch = lease_epoch + 1, "
-        f"started_at = COALESCE(started_at, %s), updated_at = %s, event_seq = event_seq + 1 "
-        f"WHERE id = ({pick}) AND state = 'queued' RETURNING id, lease_epoch, event_seq"
-    )
     adapt = connection.ops.adapt_datetimefield_value
-    with transaction.atomic():
+    with transaction.atomic():  # SQLite: BEGIN IMMEDIATE, the write lock is ours from here
+        now = now_under_lock()
+        later_params = d.later(now, lease_seconds)
+        pick, params = pick_sql(now, queues=queues, operations=operations, job_id=job_id)
+        sql = (
+            f"UPDATE {d.table} SET state = 'running', lease_owner = %s, "
+            f"lease_expires_at = {d.later_sql}, lease_epoch = lease_epoch + 1, "
+            f"started_at = COALESCE(started_at, %s), updated_at = %s, "
+            f"event_seq = event_seq + 1 "
+            f"WHERE id = ({pick}) AND state = 'queued' RETURNING id, lease_epoch, event_seq"
+        )
         with connection.cursor() as cursor:
             cursor.execute(sql, [owner, *later_params, adapt(now), adapt(now), *params])
             row = cursor.fetchone()
@@ -241,8 +270,9 @@ def claim(
 def renew(lease: Lease, lease_seconds: float) -> str | None:
     """Extend the lease; return the job's state, or None if the lease is gone."""
     d = _dialect()
-    params = [*d.later(timezone.now(), lease_seconds), lease.job_id, lease.owner, lease.epoch]
     with transaction.atomic(), connection.cursor() as cursor:
+        later = d.later(now_under_lock(), lease_seconds)
+        params = [*later, lease.job_id, lease.owner, lease.epoch]
         cursor.execute(d.renew_sql, params)
         row = cursor.fetchone()
     return row[0] if row else None
@@ -260,8 +290,9 @@ def renew_unless_busy(lease: Lease, lease_seconds: float) -> str | None:
     loses nothing. SQLite has no row locks; its writers queue for the one lock.
     """
     d = _dialect()
-    params = [*d.later(timezone.now(), lease_seconds), lease.job_id, lease.owner, lease.epoch]
     with transaction.atomic(), connection.cursor() as cursor:
+        later = d.later(now_under_lock(), lease_seconds)
+        params = [*later, lease.job_id, lease.owner, lease.epoch]
         cursor.execute(d.renew_nowait_sql, params)
         row = cursor.fetchone()
         if row is None and d.pg:
@@ -320,29 +351,17 @@ def commit_unit(
         )
     conn = connections[DEFAULT_DB_ALIAS]  # one lookup: the proxy costs one per attribute
     d = _dialect()
-    moment = timezone.now()
-    if d.utc_text:
-        now = str(moment.astimezone(UTC).replace(tzinfo=None))
-    else:
-        now = conn.ops.adapt_datetimefield_value(moment)
-    if d.pg:
-        # CASE WHEN expiry < later - lease/3 THEN later: seconds, seconds, seconds
-        extend = [lease_seconds] * 3
-    elif lease_seconds is None:
-        extend = [None, None]
-    else:
-        later = moment + timedelta(seconds=lease_seconds)
-        renew_below = later - timedelta(seconds=lease_seconds / 3)
-        if d.utc_text:
-            extend = [str(t.astimezone(UTC).replace(tzinfo=None)) for t in (renew_below, later)]
-        else:
-            extend = [conn.ops.adapt_datetimefield_value(t) for t in (renew_below, later)]
-    params = [_encode(checkpoint), units_total, now, len(events or ()), *extend]
-    params += [lease.job_id, lease.owner, lease.epoch]
+    fixed = (_encode(checkpoint), units_total, len(events or ()))
+
+    def bind() -> tuple[list, list]:
+        """The statements' parameters, timed by ``now_under_lock``: call with the lock held."""
+        params, now = _commit_params(conn, d, lease, fixed, lease_seconds)
+        return params, [key, encoded, now]
+
     if not events and not conn.in_atomic_block:
         # The hot path: no events to number, no outer transaction (a non-atomic
         # unit), so the commit goes straight to the driver.
-        row = _commit_direct(conn, d, params, [key, encoded, now])
+        row = _commit_direct(conn, d, bind)
         if row is None:
             raise LeaseLost(
                 f"job {lease.job_id}: checkpoint refused, lease epoch {lease.epoch} lost"
@@ -350,8 +369,11 @@ def commit_unit(
         return row[0]
     # Inside an atomic unit's transaction (a savepoint: a caller may catch
     # LeaseLost and carry on with its own transaction), or with events to add.
+    # Either way the write lock is held once the block is entered (SQLite: the
+    # unit's own BEGIN IMMEDIATE, or this block's).
     with transaction.atomic():
         conn.ensure_connection()
+        params, result_params = bind()
         cursor = conn.connection.cursor()
         try:
             cursor.execute(d.commit_sql, params)
@@ -361,7 +383,7 @@ def commit_unit(
                     f"job {lease.job_id}: checkpoint refused, lease epoch {lease.epoch} lost"
                 )
             state, last_seq = row
-            cursor.execute(d.result_sql, [lease.job_id, key, encoded, now])
+            cursor.execute(d.result_sql, [lease.job_id, *result_params])
         finally:
             cursor.close()
         if events:
@@ -380,23 +402,60 @@ def commit_unit(
     return state
 
 
-def _commit_direct(conn: Any, d: _Dialect, params: list, result: list) -> tuple | None:
+def _commit_params(
+    conn: Any,
+    d: _Dialect,
+    lease: Lease,
+    fixed: tuple[str, int | None, int],
+    lease_seconds: float | None,
+) -> tuple[list, str]:
+    """``commit_sql``'s parameters and the commit's timestamp, from ``now_under_lock``.
+
+    ``fixed`` is (checkpoint JSON, units_total, number of events).
+    """
+    moment = now_under_lock()
+    if d.utc_text:
+        now = str(moment.astimezone(UTC).replace(tzinfo=None))
+    else:
+        now = conn.ops.adapt_datetimefield_value(moment)
+    if d.pg:
+        # CASE WHEN expiry < later - lease/3 THEN later: seconds, seconds, seconds
+        extend = [lease_seconds] * 3
+    elif lease_seconds is None:
+        extend = [None, None]
+    else:
+        later = moment + timedelta(seconds=lease_seconds)
+        renew_below = later - timedelta(seconds=lease_seconds / 3)
+        if d.utc_text:
+            extend = [str(t.astimezone(UTC).replace(tzinfo=None)) for t in (renew_below, later)]
+        else:
+            extend = [conn.ops.adapt_datetimefield_value(t) for t in (renew_below, later)]
+    checkpoint_json, units_total, n_events = fixed
+    params = [checkpoint_json, units_total, now, n_events, *extend]
+    params += [lease.job_id, lease.owner, lease.epoch]
+    return params, now
+
+
+def _commit_direct(conn: Any, d: _Dialect, bind: Any) -> tuple | None:
     """A unit commit on the DB-API connection, Django's being in autocommit mode.
 
     PostgreSQL: one statement, atomic by itself. SQLite: BEGIN IMMEDIATE (the
     write lock first, as Django's own transactions take it), the two writes,
-    COMMIT — or ROLLBACK on any error or a lost lease. Errors still come out
-    as Django's database exceptions.
+    COMMIT — or ROLLBACK on any error or a lost lease. ``bind()`` gives the
+    parameters once the lock is held. Errors still come out as Django's
+    database exceptions.
     """
     with conn.wrap_database_errors:
         conn.ensure_connection()
         cursor = conn.connection.cursor()
         try:
             if d.pg:
+                params, result = bind()
                 cursor.execute(d.commit_one_sql, params + result)
                 return cursor.fetchone()
             cursor.execute("BEGIN IMMEDIATE")
             try:
+                params, result = bind()
                 cursor.execute(d.commit_sql, params)
                 row = cursor.fetchone()
                 if row is not None:
