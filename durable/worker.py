@@ -13,6 +13,7 @@ and processes isolate crashes.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import random
@@ -22,6 +23,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -58,6 +60,16 @@ def default_worker_id(prefix: str | None = None) -> str:
     """
     prefix = prefix or f"{socket.gethostname()}:{os.getpid()}"
     return f"{prefix[:MAX_WORKER_ID_PREFIX]}:{secrets.token_hex(6)}"
+
+
+_FINISHED = object()  # _run_unit: the last unit's commit also completed the job
+
+
+@dataclass(frozen=True)
+class _Raised:
+    """The look-ahead's generator raised; re-raised once the unit is committed."""
+
+    error: Exception
 
 
 @dataclass
@@ -382,10 +394,15 @@ class Worker:
             if ctx.units_total is None:
                 ctx.units_total = op.total_units(ctx)
             units = op.units(ctx)
-            for unit in units:
+            pending = iter(units)
+            while (unit := next(pending, None)) is not None:
                 if self._at_boundary(execution):
                     return
-                self._run_unit(execution, unit)
+                ahead = self._run_unit(execution, unit, pending)
+                if ahead is _FINISHED:
+                    return  # the last unit's commit completed the job
+                if ahead is not None:
+                    pending = itertools.chain([ahead], pending)
             faults.reach("before_complete")
             execution.finishing = True
             leases.complete(lease)
@@ -426,11 +443,14 @@ class Worker:
             return True
         return False
 
-    def _run_unit(self, execution: Execution, unit: Unit) -> None:
+    def _run_unit(self, execution: Execution, unit: Unit, pending: Iterator[Unit]) -> Any:
+        """Run and commit one unit. Returns ``_FINISHED`` when its commit also completed
+        the job, the next unit when it had to be looked ahead at, else None."""
         ctx, op, lease = execution.ctx, execution.op, execution.lease
         check_payload(unit)
         execution.overrun_at, execution.unit_key = None, unit.key
         execution.unit_started = time.monotonic()
+        ahead: Any = None
         try:
             if op.atomic_units:
                 execution.in_atomic = True
@@ -440,6 +460,20 @@ class Worker:
                     state = self._commit(execution, unit, result)
             else:
                 result = self._unit_body(execution, unit)
+                ahead = self._look_ahead(execution, pending)
+                if ahead is _FINISHED:
+                    execution.finishing = True
+                    state = leases.finish_unit(
+                        lease,
+                        key=unit.key,
+                        result=result,
+                        checkpoint=unit.checkpoint,
+                        units_total=ctx.units_total,
+                        operation=ctx.operation,
+                        attempts=ctx.attempt - 1,
+                    )
+                    faults.reach("finish_after_commit")
+                    return _FINISHED
                 state = self._commit(execution, unit, result)
         finally:
             execution.unit_started = None
@@ -453,6 +487,31 @@ class Worker:
             ctx.stop_requested.set()
         elif execution.timed_out and not (self.stopping.is_set() or execution.lost):
             ctx.stop_requested.clear()  # it finished after all: the stop was for that unit only
+        if isinstance(ahead, _Raised):
+            raise ahead.error  # the unit is committed; now the generator's own failure
+        return ahead
+
+    def _look_ahead(self, execution: Execution, pending: Iterator[Unit]) -> Any:
+        """Is the unit just run the job's last? Asked only when ``total_units`` says so.
+
+        Then the generator is asked for one more unit before the commit: none
+        means the commit completes the job too (``_FINISHED``: one transaction
+        instead of two); a unit means the total was an estimate, and it is run
+        next as usual. A generator that raises is committed past first, then
+        its error is raised (``_Raised``). Never for atomic units (the look-ahead
+        would run inside their transaction, holding the lock while it reads),
+        nor when the unit added events (they are numbered before completion).
+        """
+        ctx = execution.ctx
+        if ctx.units_total is None or ctx.units_done + 1 < ctx.units_total or ctx.pending_events:
+            return None
+        try:
+            ahead = next(pending, None)
+        except Exception as exc:
+            return _Raised(exc)
+        if ahead is None:
+            return None if ctx.pending_events else _FINISHED
+        return ahead
 
     def _unit_body(self, execution: Execution, unit: Unit) -> Any:
         """Steps 2 and 3, and the check of step 4: skip if done, else run and verify."""
