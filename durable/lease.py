@@ -367,6 +367,7 @@ def _claim_pg(
         f"WITH claimed AS (UPDATE {d.table} SET state = 'running', lease_owner = %s, "
         f"lease_expires_at = clock_timestamp() + make_interval(secs => %s), "
         f"lease_epoch = lease_epoch + 1, started_at = COALESCE(started_at, %s), "
+        f"units_at_claim = units_done, "  # a death after progress spends no attempt
         f"updated_at = %s, event_seq = event_seq + 1 "
         f"WHERE id = ({pick}) AND state = 'queued' RETURNING {d.job_columns}), "
         f"started AS (INSERT INTO {d.events} (job_id, seq, kind, message, data, created_at) "
@@ -397,6 +398,7 @@ def _claim_sqlite(
     sql = (
         f"UPDATE {d.table} SET state = 'running', lease_owner = %s, lease_expires_at = %s, "
         f"lease_epoch = lease_epoch + 1, started_at = COALESCE(started_at, %s), "
+        f"units_at_claim = units_done, "  # a death after progress spends no attempt
         f"updated_at = %s, event_seq = event_seq + 1 "
         f"WHERE id = ({pick}) AND state = 'queued' RETURNING {d.job_columns}, "
         f"EXISTS (SELECT 1 FROM {d.results} r WHERE r.job_id = {d.table}.id)"

@@ -112,6 +112,10 @@ class Job(models.Model):
     checkpoint = models.JSONField(null=True, blank=True)
     units_done = models.PositiveBigIntegerField(default=0)
     units_total = models.PositiveBigIntegerField(null=True, blank=True)
+    # units_done when the current lease was claimed (NULL: never claimed, or by a
+    # release that did not record it): a worker lost after committing more units
+    # made progress, and its death spends no attempt.
+    units_at_claim = models.PositiveBigIntegerField(null=True, blank=True, editable=False)
 
     attempts = models.PositiveIntegerField(default=0, help_text="Failed attempts so far.")
     max_attempts = models.PositiveIntegerField(default=5)

@@ -96,6 +96,19 @@ def append_bounded(history: list[dict] | None, entry: dict, limit: int = MAX_ERR
     return items[-limit:]
 
 
+def deaths_without_progress(history: list[dict] | None, attempts: int) -> int:
+    """How many of the last ``attempts`` failed attempts were lost workers that
+    committed no unit (the rest: errors the units raised).
+
+    Read from the bounded error history, where a death after progress is kept
+    with ``attempt_spent: False``; entries of older releases count as spent.
+    """
+    if attempts <= 0:
+        return 0
+    spent = [entry for entry in history or [] if entry.get("attempt_spent", True)]
+    return sum(entry.get("error_class") == "WorkerLost" for entry in spent[-attempts:])
+
+
 RECLAIM_SPREAD_STEP = 0.1  # seconds of spread per job already taken back in the round
 RECLAIM_SPREAD_CAP = 30.0
 

@@ -29,8 +29,15 @@ from django.utils import timezone
 from . import signals
 from .jobs import add_events, announce_change, needs_attention
 from .models import Job, UnitResult, WorkerProcess, database_now, db_now
-from .policy import append_bounded, reclaim_delay, worker_alive
-from .states import LEASED_STATES, JobState, OnRestart, RestartOutcome, on_restart
+from .policy import append_bounded, deaths_without_progress, reclaim_delay, worker_alive
+from .states import (
+    LEASED_STATES,
+    JobState,
+    OnRestart,
+    RestartOutcome,
+    on_restart,
+    worker_lost_spends_attempt,
+)
 
 log = logging.getLogger("durable.rescue")
 
@@ -218,14 +225,33 @@ def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str, *, position: in
             fields.update(state=JobState.CANCELLED, finished_at=now, error_code="cancelled")
             kind, message = "cancelled", "its worker stopped before finishing the cancel"
         else:
-            attempts = job.attempts + 1
+            units_committed = (
+                None if job.units_at_claim is None else job.units_done - job.units_at_claim
+            )
+            spent = worker_lost_spends_attempt(
+                outcome, units_at_claim=job.units_at_claim, units_done=job.units_done
+            )
+            attempts = job.attempts + 1 if spent else job.attempts
+            if units_committed is None:
+                lost = f"worker {previous} stopped while running this job"
+            elif spent and units_committed == 0:
+                lost = f"worker {previous} stopped while running this job, before committing a unit"
+            else:
+                lost = (
+                    f"worker {previous} stopped while running this job, after committing "
+                    f"{units_committed} unit(s)"
+                )
+            if not spent:
+                lost += "; it made progress, so no attempt is spent"
             entry = {
                 "at": now.isoformat(),
-                "attempt": attempts,
+                "attempt": job.attempts + 1,  # the attempt it was on, as for any failure
                 "error_class": "WorkerLost",
-                "message": f"worker {previous} stopped while running this job",
+                "message": lost,
                 "retryable": outcome is not RestartOutcome.FAIL,
                 "traceback": "",
+                "attempt_spent": spent,
+                "units_committed": units_committed,
             }
             fields.update(
                 attempts=attempts,
@@ -233,7 +259,8 @@ def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str, *, position: in
                 errors=append_bounded(job.errors, entry),
                 last_error_class="WorkerLost",
             )
-            exhausted = attempts >= job.max_attempts
+            data.update(attempt_spent=spent, units_committed=units_committed)
+            exhausted = spent and attempts >= job.max_attempts
             if outcome is RestartOutcome.FAIL:
                 fields.update(
                     state=JobState.FAILED,
@@ -250,12 +277,16 @@ def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str, *, position: in
                     if job.operation in registered()
                     else JobState.FAILED
                 )
+                deaths = deaths_without_progress(fields["errors"], attempts)
+                times = "once" if deaths == 1 else f"{deaths} times"
+                also = "" if deaths == attempts else f"; {attempts} failed attempts in all"
                 fields.update(
                     state=target,
                     error_code="exhausted",
                     reason=(
-                        f"its worker stopped {attempts} times while running it (checkpoint "
-                        f"{job.checkpoint!r}); it may be what crashes the worker"
+                        f"its worker stopped {times} without committing a unit "
+                        f"(checkpoint {job.checkpoint!r}{also}); it may be what crashes "
+                        f"the worker"
                     ),
                     finished_at=now if target == JobState.FAILED else None,
                 )
@@ -268,6 +299,8 @@ def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str, *, position: in
                     UnitResult.objects.filter(job_id=job.pk).delete()
                     data["from_start"] = True
                 kind, message = "reclaimed", f"taken back from {previous}"
+                if not spent:
+                    message += f" after {units_committed} committed unit(s); no attempt spent"
         for name, value in fields.items():
             setattr(job, name, value)
         add_events(job, [(kind, message, data)], now)
@@ -288,6 +321,10 @@ def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str, *, position: in
             attempt=job.attempts,
             next_attempt_at=job.next_attempt_at if job.state == JobState.QUEUED else None,
             reason=job.reason,
+            # False: the lost lease had committed units, so the death is on record
+            # but spent no attempt (None for a cancel finished on the worker's behalf).
+            attempt_spent=data.get("attempt_spent"),
+            units_committed=data.get("units_committed"),
         )
         if job.state in (JobState.FAILED, JobState.PAUSED):
             needs_attention(job, job.error_code, job.reason)

@@ -23,7 +23,8 @@ log = logging.getLogger("durable.signals")
 job_state_changed = Signal()
 
 # job_id, operation, previous_owner, policy, outcome, new_state, checkpoint,
-# attempt, next_attempt_at, reason
+# attempt, next_attempt_at, reason, attempt_spent (False: the lost lease had
+# committed units_committed units, so the death spent no attempt)
 job_reclaimed = Signal()
 
 # A job stopped and needs a person: exhausted attempts, non-retryable failure,

@@ -144,3 +144,23 @@ def on_restart(state: str, policy: str) -> RestartOutcome:
     if state is JobState.PAUSED:
         return RestartOutcome.RELEASE
     return RestartOutcome.KEEP
+
+
+def worker_lost_spends_attempt(
+    outcome: RestartOutcome, *, units_at_claim: int | None, units_done: int
+) -> bool:
+    """Whether a job's lost worker counts as a failed attempt (``WorkerLost``).
+
+    Only a lease that committed no unit since its claim spends one: a job that
+    crashes its worker at the same unit again and again still stops after
+    ``max_attempts``, while one that moves on between deaths (a deploy, the OOM
+    killer, a lost node during a long import) is never failed by them — each
+    such death is preceded by at least one newly committed unit, so there can
+    be no more of them than the job has units. ``retry`` starts over from
+    nothing, so its progress does not survive the death and always counts, as
+    does ``fail``. ``units_at_claim`` None: claimed by a release that did not
+    record it; counted, as that release did.
+    """
+    if outcome is not RestartOutcome.RESUME or units_at_claim is None:
+        return True
+    return units_done <= units_at_claim

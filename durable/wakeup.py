@@ -1,6 +1,6 @@
 """Wake-ups: an idle worker starts a newly due job at once instead of at its next poll.
 
-PostgreSQL: a trigger on ``durable_job`` (migration 0011) sends ``NOTIFY
+PostgreSQL: a trigger on ``durable_job`` (migration 0012) sends ``NOTIFY
 durable_job, '<queue>'`` in the transaction that makes a job due now — an
 enqueue (single or bulk), a retry, a resume, a schedule's occurrence, a job
 handed back at shutdown — so no code path can forget it and a rolled-back

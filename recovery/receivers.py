@@ -119,6 +119,8 @@ def on_job_reclaimed(
     attempt: int | None = None,
     next_attempt_at: datetime | None = None,
     reason: str = "",
+    attempt_spent: bool | None = None,
+    units_committed: int | None = None,
     **kwargs: Any,
 ) -> None:
     detail = (
@@ -126,6 +128,8 @@ def on_job_reclaimed(
         f"which stopped while running it. on_restart={policy}: {old_state} → {new_state}; "
         f"attempt {attempt}; checkpoint {checkpoint!r}."
     )
+    if attempt_spent is False:
+        detail += f" It had committed {units_committed} unit(s) since its claim: no attempt spent."
     record_event(
         EventType.JOB_RECLAIMED,
         severity="warning",

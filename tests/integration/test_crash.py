@@ -93,6 +93,69 @@ def test_crash_before_checkpoint__atomic_units_are_exactly_once(workers):
     assert keys == {f"u{i}": 1 for i in range(5)}
 
 
+# Where each worker of the progress test dies; each point leaves at least one unit
+# committed by that worker's lease: (fault, units it commits).
+KILLED_AFTER_PROGRESS = [
+    ("after_checkpoint:1", 1),  # right after its first commit
+    ("after_unit:2", 1),  # in its second unit's transaction, which is rolled back
+    ("before_unit:2", 1),  # about to run its second unit
+    ("after_checkpoint:2", 2),
+]
+
+
+def test_worker_deaths_after_progress__spend_no_attempt_and_the_job_completes(workers):
+    """A long job whose worker is SIGKILLed again and again while it moves on (a deploy,
+    the OOM killer, a lost node) is never failed by those deaths."""
+    kills = 15
+    plan = [KILLED_AFTER_PROGRESS[n % len(KILLED_AFTER_PROGRESS)] for n in range(kills)]
+    units = sum(committed for _, committed in plan) + 3
+    job = jobs.enqueue("test.rows", {"units": units}, max_attempts=2)
+    for fault, _ in plan:
+        # Each new worker takes the job back at once (the last one's PID is gone).
+        killed = workers.run(faults=fault)
+        assert killed.returncode == -signal.SIGKILL, workers.log(killed)
+    finished = workers.run()
+    assert finished.returncode == 0, workers.log(finished)
+    job.refresh_from_db()
+    assert job.state == "completed", job.reason
+    assert (job.attempts, job.reclaims) == (0, kills)
+    keys = Counter(SideEffect.objects.filter(job_id=job.pk).values_list("key", flat=True))
+    assert keys == {f"u{i}": 1 for i in range(units)}  # atomic: each unit exactly once
+    reclaimed = list(job.events.filter(kind="reclaimed").order_by("seq"))
+    assert len(reclaimed) == kills
+    assert [e.data["units_committed"] for e in reclaimed] == [c for _, c in plan]
+    assert {e.data["attempt_spent"] for e in reclaimed} == {False}
+    lost = [e for e in job.errors if e["error_class"] == "WorkerLost"]
+    assert len(lost) == kills  # each death is on record
+    assert {e["attempt_spent"] for e in lost} == {False}
+
+
+def test_worker_deaths_before_any_commit__fail_the_job_after_max_attempts(workers):
+    """A unit that kills its worker every time still stops the job, after max_attempts
+    deaths without progress; the death that came after progress is not among them."""
+    job = jobs.enqueue("test.rows", {"units": 6}, max_attempts=3)
+    first = workers.run(faults="after_unit:3")  # commits u0 and u1, dies in u2
+    assert first.returncode == -signal.SIGKILL, workers.log(first)
+    for _ in range(3):
+        poisoned = workers.run(faults="after_unit:1")  # dies in u2 again, before any commit
+        assert poisoned.returncode == -signal.SIGKILL, workers.log(poisoned)
+    last = workers.run()  # takes the job back from the third poisoned worker: exhausted
+    assert last.returncode == 0, workers.log(last)
+    job.refresh_from_db()
+    assert (job.state, job.error_code, job.attempts, job.reclaims) == (
+        "failed",
+        "exhausted",
+        3,
+        4,
+    )
+    assert job.reason.startswith("its worker stopped 3 times without committing a unit")
+    assert job.checkpoint == {"next": 2}
+    keys = Counter(SideEffect.objects.filter(job_id=job.pk).values_list("key", flat=True))
+    assert keys == {"u0": 1, "u1": 1}
+    lost = [e for e in job.errors if e["error_class"] == "WorkerLost"]
+    assert [e["attempt_spent"] for e in lost] == [False, True, True, True]
+
+
 def test_crash_after_side_effect__a_checking_unit_does_not_repeat_it(workers, tmp_path):
     out = tmp_path / "side-effects.log"
     job = jobs.enqueue("test.append", {"units": 4, "path": str(out), "idempotent": True})

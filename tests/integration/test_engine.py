@@ -663,6 +663,60 @@ def test_restart_policy__a_job_that_keeps_killing_its_worker_is_stopped():
     assert "may be what crashes the worker" in job.reason
 
 
+def test_restart_policy__a_worker_lost_after_progress_is_recorded_but_spends_no_attempt():
+    job = jobs.enqueue("test.rows", {"units": 4}, max_attempts=1)
+    job = leased(job, state="running")  # units_done 2 ...
+    Job.objects.filter(pk=job.pk).update(units_at_claim=1)  # ... of which 1 under this lease
+    with signals_captured(signals.job_reclaimed) as seen:
+        assert rescue.reclaim("me") == [job.pk]
+    job.refresh_from_db()
+    # One attempt allowed, yet the job goes on: the death came after progress.
+    assert (job.state, job.attempts, job.reclaims) == ("queued", 0, 1)
+    assert job.checkpoint == {"next": 2}
+    entry = job.errors[-1]
+    assert (entry["error_class"], entry["attempt_spent"], entry["units_committed"]) == (
+        "WorkerLost",
+        False,
+        1,
+    )
+    assert "after committing 1 unit(s)" in entry["message"]
+    event = job.events.get(kind="reclaimed")
+    assert (event.data["attempt_spent"], event.data["units_committed"]) == (False, 1)
+    assert "no attempt spent" in event.message
+    assert (seen[0]["attempt_spent"], seen[0]["units_committed"]) == (False, 1)
+
+
+def test_restart_policy__a_worker_lost_before_any_commit_spends_an_attempt_and_says_so():
+    job = jobs.enqueue("test.rows", {"units": 4}, max_attempts=2)
+    job = leased(job, state="running")
+    Job.objects.filter(pk=job.pk).update(units_at_claim=2)  # nothing committed since the claim
+    with signals_captured(signals.job_reclaimed) as seen:
+        rescue.reclaim("me")
+    job.refresh_from_db()
+    assert (job.state, job.attempts) == ("queued", 1)
+    assert job.errors[-1]["attempt_spent"] is True
+    assert "before committing a unit" in job.errors[-1]["message"]
+    assert seen[0]["attempt_spent"] is True
+    # The second such death exhausts it; the reason counts the deaths without progress.
+    leased(job, state="running")
+    Job.objects.filter(pk=job.pk).update(units_at_claim=2, lease_epoch=2)
+    rescue.reclaim("me")
+    job.refresh_from_db()
+    assert (job.state, job.attempts, job.error_code) == ("failed", 2, "exhausted")
+    assert job.reason.startswith("its worker stopped 2 times without committing a unit")
+    assert "may be what crashes the worker" in job.reason
+
+
+def test_restart_policy__retry_from_the_start_counts_a_death_despite_progress():
+    job = jobs.enqueue("test.rows", {"units": 4}, max_attempts=1, on_restart="retry")
+    job = leased(job, state="running")
+    Job.objects.filter(pk=job.pk).update(units_at_claim=0)
+    rescue.reclaim("me")
+    job.refresh_from_db()
+    # Its progress was dropped with the checkpoint: that death was a whole failed attempt.
+    assert (job.state, job.attempts, job.error_code) == ("failed", 1, "exhausted")
+
+
 def test_restart_policy__cold_start_fails_queued_fail_jobs_left_by_the_previous_fleet():
     left_over = jobs.enqueue("test.rows", {}, on_restart="fail")
     kept = jobs.enqueue("test.rows", {}, on_restart="resume")

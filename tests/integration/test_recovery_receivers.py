@@ -62,6 +62,18 @@ def test_reclaimed_job__is_a_job_reclaimed_after_restart_warning(
     assert "running → queued" in event.detail
 
 
+def test_reclaimed_job_after_progress__says_no_attempt_was_spent(
+    django_capture_on_commit_callbacks,
+):
+    job = left_by_a_dead_worker(jobs.enqueue("test.rows", {"units": 4}))
+    Job.objects.filter(pk=job.pk).update(units_at_claim=0)  # both units under the lost lease
+    with django_capture_on_commit_callbacks(execute=True):
+        assert rescue.reclaim("rescuer") == [job.pk]
+    event = RecoveryEvent.objects.get(type=EventType.JOB_RECLAIMED)
+    assert event.attempt == 0
+    assert "It had committed 2 unit(s) since its claim: no attempt spent." in event.detail
+
+
 def test_reclaimed_job_failed_by_its_policy__also_needs_attention(
     django_capture_on_commit_callbacks,
 ):

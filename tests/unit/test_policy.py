@@ -11,6 +11,7 @@ from durable.policy import (
     MAX_ERROR_MESSAGE_BYTES,
     append_bounded,
     backoff_delay,
+    deaths_without_progress,
     error_entry,
     parse_duration,
     reclaim_delay,
@@ -195,3 +196,30 @@ def test_reclaim_delay__spreads_jobs_with_jitter_within_a_cap(position, ceiling)
 def test_reclaim_delay__refuses_a_negative_position():
     with pytest.raises(ValueError, match="from 0"):
         reclaim_delay(-1)
+
+
+def _lost(spent: bool | None) -> dict:
+    entry = {"error_class": "WorkerLost", "message": "worker w stopped"}
+    if spent is not None:
+        entry["attempt_spent"] = spent
+    return entry
+
+
+RAISED = {"error_class": "builtins.RuntimeError", "message": "boom"}
+
+
+@pytest.mark.parametrize(
+    ("history", "attempts", "deaths"),
+    [
+        ([_lost(True)] * 5, 5, 5),  # the job crashed its worker five times
+        ([_lost(False)] * 9 + [_lost(True)] * 3, 3, 3),  # progress deaths are not counted
+        ([_lost(True), RAISED, _lost(False), _lost(True)], 3, 2),  # one attempt was an error
+        ([_lost(True)] * 4 + [_lost(True)], 2, 2),  # only the current budget of attempts
+        ([_lost(None)] * 2, 2, 2),  # an older release's entry: spent
+        ([], 0, 0),
+    ],
+)
+def test_deaths_without_progress__counts_spent_worker_deaths_among_the_last_attempts(
+    history, attempts, deaths
+):
+    assert deaths_without_progress(history, attempts) == deaths

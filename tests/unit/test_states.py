@@ -2,7 +2,14 @@
 
 import pytest
 
-from durable.states import Action, JobState, RestartOutcome, decide, on_restart
+from durable.states import (
+    Action,
+    JobState,
+    RestartOutcome,
+    decide,
+    on_restart,
+    worker_lost_spends_attempt,
+)
 
 Q, R, P, CG, CD, F, C = (
     JobState.QUEUED,
@@ -106,3 +113,24 @@ def test_decide__refusal_says_why():
 )
 def test_on_restart__spec_table(state, policy, expected):
     assert on_restart(state, policy) is expected
+
+
+@pytest.mark.parametrize(
+    ("outcome", "units_at_claim", "units_done", "spent"),
+    [
+        (RestartOutcome.RESUME, 7, 7, True),  # died before committing a unit: a failed attempt
+        (RestartOutcome.RESUME, 0, 0, True),  # died at its very first unit
+        (RestartOutcome.RESUME, 7, 8, False),  # one unit committed since the claim: progress
+        (RestartOutcome.RESUME, 0, 5000, False),  # a long import killed mid-way
+        (RestartOutcome.RESUME, None, 9, True),  # claimed by a release that did not record it
+        (RestartOutcome.REQUEUE_FROM_START, 0, 5, True),  # retry drops the progress it made
+        (RestartOutcome.FAIL, 0, 5, True),  # fails anyway; the death is its last attempt
+    ],
+)
+def test_worker_lost_spends_attempt__only_deaths_without_progress(
+    outcome, units_at_claim, units_done, spent
+):
+    assert (
+        worker_lost_spends_attempt(outcome, units_at_claim=units_at_claim, units_done=units_done)
+        is spent
+    )

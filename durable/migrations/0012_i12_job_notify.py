@@ -59,7 +59,7 @@ def backward(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("durable", "0010_api_help_texts"),
+        ("durable", "0011_issue11_units_at_claim"),
     ]
 
     operations = [migrations.RunPython(forward, backward)]
