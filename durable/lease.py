@@ -261,7 +261,9 @@ def pick_sql(
 ) -> tuple[str, list[Any]]:
     """The SELECT that picks the next due job; an index range scan on durable_job_due.
 
-    ``lock=False``: a plain read (the wake-up's "is anything due?").
+    ``lock=False``: a plain read (the wake-up's "is anything due?"). Both claim
+    statements and that read use this one SELECT, so a further condition (a
+    paused queue, say) is one more entry in ``where`` and one more parameter.
     """
     d = _dialect()
     where = ["state = 'queued'", f"next_attempt_at <= {d.now_sql}"]
