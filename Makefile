@@ -53,6 +53,7 @@ test: $(STAMP) lint
 # Long torture runs: not part of `make test`.
 soak: $(STAMP)
 	$(BIN)/python bench/soak.py
+	$(BIN)/python bench/writer_turns.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/jobs.py

@@ -69,9 +69,22 @@ def main() -> None:
     rows = Counter(SideEffect.objects.values_list("job_id", "key"))
     duplicates = sum(1 for count in rows.values() if count > 1)
     missing = args.jobs * 20 - len(rows)
+    # A death spends an attempt only if its lease committed no unit: every attempt
+    # of these jobs (whose units never fail) is such a death, and no other death is.
+    deaths, miscounted = Counter(), 0
+    for attempts, errors in Job.objects.values_list("attempts", "errors"):
+        lost = [e for e in errors if e["error_class"] == "WorkerLost"]
+        deaths.update("spent" if e.get("attempt_spent", True) else "free" for e in lost)
+        spent = sum(e.get("attempt_spent", True) for e in lost)
+        if len(errors) < 20 and spent != attempts:  # the history keeps the newest 20
+            miscounted += 1
     print(f"kills: {kills}; job states: {dict(states)}")
     print(f"unit side effects: {len(rows)} distinct, {duplicates} duplicated, {missing} missing")
-    if duplicates or missing or set(states) != {"completed"}:
+    print(
+        f"deaths taken back: {deaths['free']} after progress (no attempt spent), "
+        f"{deaths['spent']} before any commit; jobs whose attempts disagree: {miscounted}"
+    )
+    if duplicates or missing or miscounted or set(states) != {"completed"}:
         raise SystemExit("SOAK FAILED")
     print("soak passed: every unit ran exactly once despite the kills")
 

@@ -19,6 +19,13 @@ class DurableConfig(AppConfig):
         autodiscover_modules("operations")
         connect_receivers()
 
+        from django.db.backends.signals import connection_created
+
+        from .turns import install
+
+        # SQLite: writers take turns for the write lock (durable.turns).
+        connection_created.connect(install, dispatch_uid="durable.turns")
+
         from .schedules import ticking
 
         ticking.connect()  # every worker ticks the schedules (durable.schedules)

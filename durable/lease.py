@@ -27,7 +27,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.utils import timezone
 
-from . import faults
+from . import faults, turns
 from .errors import LeaseLost, NonRetryable
 from .jobs import add_events, announce_change, log_state, needs_attention
 from .models import Job, JobEvent, UnitResult
@@ -324,8 +324,10 @@ def claim(
                     )
                 else:
                     # BEGIN IMMEDIATE first: the lease's expiry is computed once
-                    # the write lock is held, never before a wait for it.
-                    cursor.execute("BEGIN IMMEDIATE")
+                    # the write lock is held, never before a wait for it; others
+                    # see us waiting and give way (durable.turns).
+                    with turns.waiting(conn):
+                        cursor.execute("BEGIN IMMEDIATE")
                     try:
                         row = _claim_sqlite(
                             cursor, d, owner, queues, operations, lease_seconds, job_id, raw=True
@@ -612,7 +614,8 @@ def _commit_direct(conn: Any, d: _Dialect, bind: Any) -> tuple | None:
                 params, result = bind()
                 cursor.execute(d.commit_one_sql, params + result)
                 return cursor.fetchone()
-            cursor.execute("BEGIN IMMEDIATE")
+            with turns.waiting(conn):  # others give way to us (durable.turns)
+                cursor.execute("BEGIN IMMEDIATE")
             try:
                 params, result = bind()
                 cursor.execute(d.commit_sql, params)
@@ -728,7 +731,8 @@ def _run_direct(conn: Any, d: _Dialect, run: Any) -> tuple | None:
         try:
             if d.pg:
                 return run(cursor)
-            cursor.execute("BEGIN IMMEDIATE")
+            with turns.waiting(conn):  # others give way to us (durable.turns)
+                cursor.execute("BEGIN IMMEDIATE")
             try:
                 row = run(cursor)
                 cursor.execute("COMMIT" if row is not None else "ROLLBACK")

@@ -11,22 +11,31 @@ A lease is reclaimable when it expired, or — without waiting — when its
 owner ran in this same process space (same boot, same PID namespace) and
 that process no longer exists. A stopped-but-alive process (SIGSTOP) keeps
 its job until the lease expires; fencing then makes its late writes no-ops.
+On SQLite an expired lease is still not reclaimable while its owner's process
+runs on this machine and pulses (see "liveness judged by the holder's
+process" below): there, a renewal may wait for the write lock past its lease.
+
+A worker lost after its lease committed units spends no attempt
+(``states.worker_lost_spends_attempt``); its death is recorded all the same.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cache
+from pathlib import Path
 
 from django.db import connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from . import signals
+from . import signals, turns
 from .jobs import add_events, announce_change, needs_attention
 from .models import Job, UnitResult, WorkerProcess, database_now, db_now
 from .policy import append_bounded, deaths_without_progress, reclaim_delay, worker_alive
@@ -89,10 +98,14 @@ def _gone_here(worker: WorkerProcess) -> bool:
 
 
 def any_worker_alive(now: datetime) -> bool:
-    """Is some registered worker still running? Each is judged by its own lease."""
+    """Is some registered worker still running? Each is judged by its own lease — or,
+    on SQLite, by its pulse: its heartbeat may be waiting for the write lock."""
     candidates = WorkerProcess.objects.not_stopped(now, LIVENESS_HORIZON)
     return any(
-        worker_alive(heartbeat_at=w.heartbeat_at, lease_seconds=w.lease_seconds, now=now)
+        (
+            worker_alive(heartbeat_at=w.heartbeat_at, lease_seconds=w.lease_seconds, now=now)
+            or _pulsing_here(w)
+        )
         and not _gone_here(w)
         for w in candidates
     )
@@ -151,12 +164,82 @@ def mark_stopped(worker_id: str) -> None:
     WorkerProcess.objects.filter(worker_id=worker_id).update(stopped_at=db_now())
 
 
-def _dead_owners(me: str) -> list[str]:
-    """Lease owners known to be gone: they said goodbye, or their PID no longer exists here.
+# --- SQLite: liveness judged by the holder's process --------------------------------
+#
+# On SQLite every worker shares one machine, and a lease renewal needs the one
+# write lock, which another process may hold for longer than a lease (an atomic
+# unit). So a lease held by a process of this machine is judged by that process
+# instead: while it exists and its pulse — a file it touches every third of its
+# lease from a thread that never touches the database, so no lock can delay it —
+# is fresh, its jobs are not taken back, however late its renewals are. A
+# stopped (SIGSTOP) process is judged by its lease again, a frozen one once its
+# pulse is a lease old; one whose PID is gone is taken back at once. Fencing
+# is unchanged.
 
-    ``stopped_at`` is only ever set for a process that is certainly gone (by
-    itself on exit, or here after checking its PID), so such leases can be
-    taken back before they expire without risking two live workers on a job.
+
+def pulse_path(worker_id: str) -> Path | None:
+    """The pulse file of ``worker_id`` beside the SQLite database; None on PostgreSQL."""
+    database = turns.sqlite_file(connection)
+    if database is None:
+        return None
+    return Path(f"{database}-pulse") / hashlib.sha256(worker_id.encode()).hexdigest()[:32]
+
+
+def pulse(worker_id: str) -> None:
+    """The worker is alive and running (its pulse thread, every third of its lease)."""
+    path = pulse_path(worker_id)
+    if path is None:
+        return
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        try:
+            path.parent.mkdir(exist_ok=True)
+            path.touch()
+        except OSError:
+            pass  # a read-only directory: judged by its lease, as before
+    except OSError:
+        pass
+
+
+def stop_pulse(worker_id: str) -> None:
+    path = pulse_path(worker_id)
+    if path is not None:
+        path.unlink(missing_ok=True)
+
+
+def process_stopped(pid: int) -> bool:
+    """Stopped by a signal (SIGSTOP, a debugger): alive, but renewing nothing."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
+def _pulsing_here(worker: WorkerProcess) -> bool:
+    """The worker runs in this PID space, its process exists and is not stopped, and it
+    pulsed within its lease."""
+    mine = host_key()
+    path = pulse_path(worker.worker_id)
+    if not (path is not None and mine and worker.host_key == mine and pid_alive(worker.pid)):
+        return False
+    if process_stopped(worker.pid):
+        return False  # judged by its lease, as a stopped process always was
+    try:
+        age = time.time() - path.stat().st_mtime
+    except OSError:
+        return False
+    return age <= max(worker.lease_seconds, 0.0)
+
+
+def _judge_owners(me: str) -> tuple[list[str], list[str]]:
+    """Lease owners known to be gone, and (SQLite) those alive here whatever their leases say.
+
+    Gone: they said goodbye, or their PID no longer exists here. ``stopped_at``
+    is only ever set for a process that is certainly gone (by itself on exit,
+    or here after checking its PID), so such leases can be taken back before
+    they expire without risking two live workers on a job.
     """
     owners = set(
         Job.objects.filter(state__in=LEASED_STATES, lease_owner__isnull=False)
@@ -165,20 +248,24 @@ def _dead_owners(me: str) -> list[str]:
         .distinct()
     )
     if not owners:
-        return []
-    dead = []
+        return [], []
+    dead, alive = [], []
     for worker in WorkerProcess.objects.filter(worker_id__in=owners):
         if worker.stopped_at is not None:
             dead.append(worker.worker_id)
         elif _gone_here(worker):
             WorkerProcess.objects.filter(pk=worker.pk).update(stopped_at=db_now())
             dead.append(worker.worker_id)
-    return dead
+        elif _pulsing_here(worker):
+            alive.append(worker.worker_id)
+    return dead, alive
 
 
 def _reclaimable(me: str) -> Q:
     condition = Q(lease_expires_at__lt=db_now())
-    dead = _dead_owners(me)
+    dead, alive = _judge_owners(me)
+    if alive:
+        condition &= ~Q(lease_owner__in=alive)
     if dead:
         condition |= Q(lease_owner__in=dead)
     return Q(state__in=LEASED_STATES, lease_owner__isnull=False) & condition & ~Q(lease_owner=me)

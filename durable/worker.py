@@ -6,9 +6,10 @@ lease this process holds and beats the worker's heartbeat, and does nothing
 else, so nothing can stall it: it never waits for a row lock (an atomic unit
 of ours may hold one) and never runs signal receivers. A third thread does the
 housekeeping that may be slow — reclaiming jobs of stopped workers, the
-``worker_heartbeat`` signal's chores. Scale out with more processes (on one or
-many machines sharing PostgreSQL), not more threads: units are mostly I/O,
-and processes isolate crashes.
+``worker_heartbeat`` signal's chores. On SQLite a fourth only touches the
+worker's pulse file (``rescue.pulse``), which no database lock can delay.
+Scale out with more processes (on one or many machines sharing PostgreSQL),
+not more threads: units are mostly I/O, and processes isolate crashes.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from . import faults, rescue, signals, wakeup
+from . import faults, rescue, signals, turns, wakeup
 from . import lease as leases
 from .errors import LeaseLost, NonRetryable, RetryLater, Stopping, Unavailable, UnitTimeout
 from .lease import Lease
@@ -157,6 +158,7 @@ class Worker:
             signals.worker_started, worker_id=self.worker_id, cold_start=report.cold_start
         )
         connection.close()
+        pulse = self._start_pulse()
         renewer = threading.Thread(target=self._renew_loop, name="durable-renewer", daemon=True)
         renewer.start()
         keeper = threading.Thread(
@@ -204,6 +206,9 @@ class Worker:
                 rescue.mark_stopped(self.worker_id)
         finally:
             connection.close()
+            pulse.join(timeout=5)
+            if not self.abandoned_units:
+                rescue.stop_pulse(self.worker_id)
         log.info("worker stopped", extra={"worker": self.worker_id, "jobs_done": self._jobs_done})
         return EXIT_UNIT_TIMEOUT if self._hung_since is not None else 0
 
@@ -263,6 +268,7 @@ class Worker:
         job = Job.objects.get(pk=job_id)
         get_operation(job.operation)  # fail fast if this process cannot run it
         rescue.register_inline(self.worker_id, lease_seconds=self.lease_seconds)
+        pulse = self._start_pulse()
         renewer = threading.Thread(target=self._renew_loop, name="durable-renewer", daemon=True)
         renewer.start()
         try:
@@ -287,6 +293,8 @@ class Worker:
             self.finished.set()
             renewer.join(timeout=5)
             rescue.mark_stopped(self.worker_id)
+            pulse.join(timeout=5)
+            rescue.stop_pulse(self.worker_id)
 
     # --- claiming -------------------------------------------------------------
 
@@ -453,6 +461,9 @@ class Worker:
         ahead: Any = None
         try:
             if op.atomic_units:
+                # SQLite: the unit holds the one write lock while it runs; let
+                # whoever waits for it (renewals, claims, commits) go first.
+                turns.give_way()
                 execution.in_atomic = True
                 with transaction.atomic():
                     leases.fence(lease, self.lease_seconds)
@@ -613,6 +624,23 @@ class Worker:
             log.warning("lease lost while recording an outcome", extra={"detail": str(exc)})
 
     # --- lease renewal and housekeeping --------------------------------------------
+
+    def _start_pulse(self) -> threading.Thread:
+        """SQLite: the pulse that tells peers on this machine this process is alive.
+
+        Its own thread, which never touches the database: lease renewals may wait
+        for SQLite's write lock for longer than a lease, the pulse never waits.
+        """
+        interval = max(self.lease_seconds / 3.0, 0.05)
+
+        def beat() -> None:
+            rescue.pulse(self.worker_id)
+            while not self.finished.wait(interval):
+                rescue.pulse(self.worker_id)
+
+        thread = threading.Thread(target=beat, name="durable-pulse", daemon=True)
+        thread.start()
+        return thread
 
     def _renew_loop(self) -> None:
         """Renew every lease and beat the heartbeat, every third of a lease; nothing else."""
