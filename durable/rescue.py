@@ -208,6 +208,26 @@ def stop_pulse(worker_id: str) -> None:
         path.unlink(missing_ok=True)
 
 
+def prune_pulses(older_than: timedelta = LIVENESS_HORIZON) -> int:
+    """Remove pulse files left by workers that died (SIGKILL leaves its file); at start-up.
+
+    Returns how many went.
+    """
+    probe = pulse_path("")
+    if probe is None or not probe.parent.is_dir():
+        return 0
+    cutoff = time.time() - older_than.total_seconds()
+    removed = 0
+    for path in probe.parent.iterdir():
+        try:
+            if path.stat().st_mtime < cutoff:
+                path.unlink()
+                removed += 1
+        except OSError:
+            continue  # removed by another worker meanwhile
+    return removed
+
+
 def process_stopped(pid: int) -> bool:
     """Stopped by a signal (SIGSTOP, a debugger): alive, but renewing nothing."""
     try:
@@ -463,6 +483,7 @@ def recover_at_startup(
         worker_id, queues=queues, concurrency=concurrency, lease_seconds=lease_seconds
     )
     report = StartupReport(cold_start=cold, boundary=boundary)
+    prune_pulses()
     if cold and boundary is not None:
         report.failed_queued = fail_leftover_queued(boundary, worker_id)
     while batch := reclaim(worker_id):

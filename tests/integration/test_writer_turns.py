@@ -130,6 +130,20 @@ def test_pulse__a_pulsing_worker_with_a_late_heartbeat_is_no_cold_start():
     assert Job.objects.get(pk=left.pk).state == "queued"
 
 
+@SQLITE_ONLY
+def test_pulse__files_of_long_dead_workers_are_pruned_at_start_up():
+    rescue.pulse("killed-long-ago")
+    rescue.pulse("alive-now")
+    old = time.time() - 3 * 86400
+    os.utime(rescue.pulse_path("killed-long-ago"), (old, old))
+    try:
+        rescue.recover_at_startup("fresh", queues=["default"], concurrency=1, lease_seconds=1.0)
+        assert not rescue.pulse_path("killed-long-ago").exists()
+        assert rescue.pulse_path("alive-now").exists()
+    finally:
+        rescue.stop_pulse("alive-now")
+
+
 def test_atomic_units_back_to_back__a_long_unit_elsewhere_keeps_its_job(workers, tmp_path):
     """One worker runs short atomic units back to back; two others share a long ordinary
     unit with a short lease. The long unit runs once, nobody is reclaimed, no attempt is
