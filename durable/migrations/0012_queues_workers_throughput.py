@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("durable", "0010_api_help_texts"),
+        ("durable", "0011_units_at_claim"),
     ]
 
     operations = [

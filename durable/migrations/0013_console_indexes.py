@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("durable", "0011_i14_queues_workers_throughput"),
+        ("durable", "0012_queues_workers_throughput"),
     ]
 
     operations = [

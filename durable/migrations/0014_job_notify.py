@@ -59,7 +59,7 @@ def backward(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("durable", "0011_issue11_units_at_claim"),
+        ("durable", "0013_console_indexes"),
     ]
 
     operations = [migrations.RunPython(forward, backward)]
