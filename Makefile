@@ -69,6 +69,7 @@ soak: $(STAMP)
 	FAULT_POINTS_RANDOM_KILLS=15 $(BIN)/python -m pytest tests/integration/test_fault_points.py -q
 
 bench: $(STAMP)
+	$(BIN)/python bench/jobs.py
 	$(BIN)/python bench/throughput.py
 	$(BIN)/python bench/api.py
 	$(BIN)/python bench/builtin.py

@@ -9,7 +9,12 @@ for fencing tests). Points, in unit order:
 - ``before_unit``       — step 2 done, the unit is about to run
 - ``after_unit``        — step 3 done (side effects happened), checkpoint not yet advanced
 - ``after_checkpoint``  — step 4 committed
-- ``before_complete``   — every unit done, completion not yet committed
+- ``before_complete``   — every unit done, completion not yet committed (the
+  separate completion; a last unit whose commit completes the job has the next two)
+- ``finish_before_commit`` — the last unit ran and its commit also completes the
+  job: on SQLite inside that transaction, its writes made, COMMIT not yet sent; on
+  PostgreSQL just before its single statement (which is its own transaction)
+- ``finish_after_commit`` — that merged commit returned: the job is completed
 
 Operations may add their own points with ``durable.faults.reach("name")``.
 With the variable unset this module costs one dictionary lookup per point.

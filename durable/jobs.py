@@ -8,6 +8,8 @@ and the management commands all call these; nothing else changes ``state``.
 
 from __future__ import annotations
 
+import copy
+import json
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -30,6 +32,7 @@ from .states import FINISHED_STATES, Action, Decision, JobState, OnRestart, deci
 log = logging.getLogger("durable.jobs")
 
 BULK_BATCH_SIZE = 500
+ENQUEUE_BATCH_SIZE = 2000  # jobs per pair of INSERTs in enqueue_many
 
 
 @dataclass(frozen=True)
@@ -162,29 +165,23 @@ def enqueue(
     """
     op = get_operation(operation)
     data = clean_job_input(op, input)
-    policy = OnRestart(on_restart or op.on_restart)
-    prio = op.priority if priority is None else int(priority)
-    if not -100 <= prio <= 100:
-        raise InputRejected("priority", "must be between -100 and 100")
+    common = _common_fields(
+        op,
+        owner,
+        tenant,
+        queue,
+        op.priority if priority is None else priority,
+        on_restart or op.on_restart,
+        max_attempts,
+    )
     now = timezone.now()
     if unique_key is None:
         unique_key = op.unique_key(data)
-    if unique_key is not None and not 0 < len(unique_key) <= 255:
-        raise InputRejected("unique_key", "must be 1 to 255 characters")
+    _check_unique_key(unique_key)
     for _ in range(3):
         try:
             return _create(
-                op.name,
-                data,
-                now=now,
-                owner=owner,
-                tenant=tenant,
-                queue=queue or op.queue,
-                priority=prio,
-                on_restart=policy,
-                max_attempts=max(1, int(max_attempts or op.max_attempts)),
-                run_after=run_after,
-                unique_key=unique_key,
+                op.name, data, now=now, run_after=run_after, unique_key=unique_key, **common
             )
         except IntegrityError:
             if unique_key is None:
@@ -200,20 +197,259 @@ def enqueue(
 def _create(
     operation: str, data: dict, *, now: datetime, run_after: datetime | None, **fields: Any
 ) -> Job:
-    with transaction.atomic():
+    # Two statements: the job is inserted with its first event already counted
+    # (event_seq=1), then that event. With a unique key the pair is a savepoint,
+    # so a caller's transaction survives a lost race (enqueue returns the
+    # winner); without one, an IntegrityError is a real error and needs none.
+    event = ("enqueued", "", {"owner": fields["owner"], "queue": fields["queue"]})
+    with transaction.atomic(savepoint=fields.get("unique_key") is not None):
         job = Job.objects.create(
             operation=operation,
             input=data,
             next_attempt_at=run_after or now,
             created_at=now,
             updated_at=now,
+            event_seq=1,
             **fields,
         )
-        add_events(job, [("enqueued", "", {"owner": job.owner, "queue": job.queue})], now)
-        Job.objects.filter(pk=job.pk).update(event_seq=job.event_seq)
-        announce_change(job, "", "enqueued", "", {})
+        kind, message, facts = event
+        JobEvent.objects.create(job=job, seq=1, kind=kind, data=facts, created_at=now)
+        announce_change(job, "", kind, message, {})
     job.created = True
     return job
+
+
+def enqueue_many(
+    operation: str,
+    inputs: Iterable[dict[str, Any] | None],
+    *,
+    owner: str = "",
+    tenant: str = "",
+    queue: str | None = None,
+    priority: int | None = None,
+    on_restart: str | None = None,
+    max_attempts: int | None = None,
+    run_after: datetime | None = None,
+    unique_keys: Sequence[str | None] | None = None,
+    batch_size: int = ENQUEUE_BATCH_SIZE,
+) -> list[Job]:
+    """``enqueue`` for many inputs of one operation: all validated first, then a few statements.
+
+    Nothing is written unless every input is valid: the first bad one raises
+    ``InputRejected`` with its position in ``field`` (``inputs[3].units``).
+    Jobs and their ``enqueued`` events are then inserted in batches of
+    ``batch_size`` (two multi-row INSERTs each), all in one transaction — the
+    caller's if there is one — so either every job is queued or none is.
+
+    Unique keys (``unique_keys[i]``, else the operation's ``unique_key(input)``)
+    are honoured as by ``enqueue``: an unfinished job with the key, or an
+    earlier input of this call with it, is returned instead of a new job
+    (``job.created`` False). Returns one job per input, in input order.
+    """
+    op = get_operation(operation)
+    rows: list[dict[str, Any]] = []
+    policy_value = on_restart or op.on_restart
+    prio = op.priority if priority is None else priority
+    common = _common_fields(op, owner, tenant, queue, prio, policy_value, max_attempts)
+    inputs = list(inputs)
+    if unique_keys is not None and len(unique_keys) != len(inputs):
+        raise InputRejected("unique_keys", "must have one entry per input")
+    for index, raw in enumerate(inputs):
+        try:
+            data = clean_job_input(op, raw)
+            key = unique_keys[index] if unique_keys is not None else None
+            if key is None:
+                key = op.unique_key(data)
+            _check_unique_key(key)
+        except InputRejected as exc:
+            raise InputRejected(f"inputs[{index}].{exc.field}", exc.reason) from None
+        rows.append({"input": data, "unique_key": key})
+    now = timezone.now()
+    jobs: list[Job] = []
+    with transaction.atomic():
+        for start in range(0, len(rows), max(1, batch_size)):
+            jobs.extend(
+                _create_many(op.name, rows[start : start + batch_size], now, run_after, common)
+            )
+        created = [job for job in jobs if job.created]
+        if created:
+            log.info("enqueued", extra={"operation": op.name, "jobs": len(created)})
+            transaction.on_commit(lambda: _announce_enqueued(created), robust=True)
+    return jobs
+
+
+def _common_fields(
+    op: Operation,
+    owner: str,
+    tenant: str,
+    queue: str | None,
+    priority: Any,
+    on_restart: str,
+    max_attempts: int | None,
+) -> dict[str, Any]:
+    """The fields every job of one enqueue shares, checked once."""
+    try:
+        policy = OnRestart(on_restart)
+    except ValueError:
+        raise InputRejected("on_restart", f"must be one of {', '.join(OnRestart.values)}") from None
+    try:
+        prio = int(priority)
+    except (TypeError, ValueError):
+        raise InputRejected("priority", "must be a whole number") from None
+    if not -100 <= prio <= 100:
+        raise InputRejected("priority", "must be between -100 and 100")
+    return {
+        "owner": owner,
+        "tenant": tenant,
+        "queue": queue or op.queue,
+        "priority": prio,
+        "on_restart": policy,
+        "max_attempts": max(1, int(max_attempts or op.max_attempts)),
+    }
+
+
+def _check_unique_key(key: str | None) -> None:
+    if key is not None and not 0 < len(key) <= 255:
+        raise InputRejected("unique_key", "must be 1 to 255 characters")
+
+
+_FIELDS = Job._meta.concrete_fields
+_INPUT, _KEY, _ERRORS = (
+    [f.attname for f in _FIELDS].index(name) for name in ("input", "unique_key", "errors")
+)
+
+
+def _create_many(
+    operation: str,
+    rows: list[dict[str, Any]],
+    now: datetime,
+    run_after: datetime | None,
+    common: dict[str, Any],
+) -> list[Job]:
+    """One batch: existing unfinished jobs for its keys, then two bulk INSERTs.
+
+    A peer may insert a job with one of the keys between the lookup and the
+    INSERT; the partial unique index refuses the batch, the savepoint undoes
+    it, and the lookup runs again (then finds the peer's job).
+    """
+    keys = {row["unique_key"] for row in rows if row["unique_key"] is not None}
+    for _ in range(3):
+        existing: dict[str, Job] = {}
+        if keys:
+            for job in Job.objects.unfinished().filter(unique_key__in=keys):
+                job.created = False
+                existing[job.unique_key] = job
+        fresh: list[Job] = []
+        result: list[Job] = []
+        repeats: list[int] = []  # positions of a key an earlier input of this batch created
+        # One job built the usual way; the others copy its field values and go
+        # through Model.__init__'s positional path (keywords cost ~5x as much).
+        template = Job(
+            operation=operation,
+            next_attempt_at=run_after or now,
+            created_at=now,
+            updated_at=now,
+            event_seq=1,
+            **common,
+        )
+        values = [getattr(template, f.attname) for f in _FIELDS]
+        for row in rows:
+            key = row["unique_key"]
+            if key is not None and key in existing:
+                if existing[key].created:
+                    repeats.append(len(result))
+                result.append(existing[key])
+                continue
+            values[_INPUT], values[_KEY], values[_ERRORS] = row["input"], key, []
+            job = Job(*values)
+            job.created = True
+            fresh.append(job)
+            result.append(job)
+            if key is not None:
+                existing[key] = job  # a later input with this key gets this job
+        try:
+            with transaction.atomic(savepoint=bool(keys)):
+                _insert_many(fresh, common, now)
+        except IntegrityError:
+            if not keys:
+                raise
+            continue
+        for position in repeats:  # the same job, but not created for this input
+            result[position] = copy.copy(result[position])
+            result[position].created = False
+        return result
+    raise RuntimeError("could not enqueue: unique keys kept colliding")  # pragma: no cover
+
+
+def _insert_many(jobs: list[Job], common: dict[str, Any], now: datetime) -> None:
+    """Insert ``jobs`` and their ``enqueued`` events, setting each job's pk.
+
+    Set-based: the inputs travel as one JSON array parameter and the database
+    expands it (``jsonb_array_elements`` / ``json_each``); every other column
+    is one shared value. PostgreSQL does jobs and events in one statement,
+    SQLite in two. Ids are handed out in array order (an identity column /
+    rowid filled by one ordered INSERT … SELECT), so the sorted ids map back
+    onto the inputs.
+    """
+    if not jobs:
+        return
+    conn = connection
+    ops = conn.ops
+    table, events = ops.quote_name(Job._meta.db_table), ops.quote_name(JobEvent._meta.db_table)
+    template = jobs[0]
+    shared = [f for f in Job._meta.concrete_fields if f.name not in ("id", "input", "unique_key")]
+    values = [f.get_db_prep_save(f.pre_save(template, True), conn) for f in shared]
+    columns = ", ".join(ops.quote_name(f.column) for f in shared)
+    payload = json.dumps([[job.input, job.unique_key] for job in jobs])
+    facts = json.dumps({"owner": common["owner"], "queue": common["queue"]})
+    created = ops.adapt_datetimefield_value(now)
+    pg = conn.vendor == "postgresql"
+    picks = ", ".join(["%s"] * len(shared))
+    if pg:
+        sql = (
+            f"WITH source AS (SELECT e.value, e.n FROM jsonb_array_elements(%s::jsonb) "
+            f"WITH ORDINALITY AS e(value, n)), "
+            f"added AS (INSERT INTO {table} ({columns}, input, unique_key) "
+            f"SELECT {picks}, value -> 0, value ->> 1 FROM source ORDER BY n RETURNING id) "
+            f"INSERT INTO {events} (job_id, seq, kind, message, data, created_at) "
+            f"SELECT id, 1, 'enqueued', '', %s::jsonb, %s FROM added RETURNING job_id"
+        )
+        with conn.cursor() as cursor:
+            cursor.execute(sql, [payload, *values, facts, created])
+            ids = sorted(row[0] for row in cursor.fetchall())
+    else:
+        sql = (
+            f"INSERT INTO {table} ({columns}, input, unique_key) "
+            f"SELECT {picks}, json_extract(value, '$[0]'), json_extract(value, '$[1]') "
+            f"FROM json_each(%s) ORDER BY key RETURNING id"
+        )
+        with conn.cursor() as cursor:
+            cursor.execute(sql, [*values, payload])
+            ids = sorted(row[0] for row in cursor.fetchall())
+            cursor.execute(
+                f"INSERT INTO {events} (job_id, seq, kind, message, data, created_at) "
+                f"SELECT value, 1, 'enqueued', '', %s, %s FROM json_each(%s)",
+                [facts, created, json.dumps(ids)],
+            )
+    if len(ids) != len(jobs):  # pragma: no cover - the database broke its promise
+        raise RuntimeError(f"inserted {len(ids)} jobs for {len(jobs)} inputs")
+    for job, pk in zip(jobs, ids, strict=True):
+        job.pk = pk
+        job._state.adding = False
+
+
+def _announce_enqueued(jobs: list[Job]) -> None:
+    for job in jobs:
+        signals.send_now(
+            signals.job_state_changed,
+            job_id=job.pk,
+            operation=job.operation,
+            old_state="",
+            new_state=job.state,
+            kind="enqueued",
+            message="",
+            data={},
+        )
 
 
 # --- operator actions -------------------------------------------------------------

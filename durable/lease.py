@@ -27,7 +27,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.utils import timezone
 
-from . import turns
+from . import faults, turns
 from .errors import LeaseLost, NonRetryable
 from .jobs import add_events, announce_change, log_state, needs_attention
 from .models import Job, JobEvent, PausedQueue, UnitResult
@@ -39,6 +39,7 @@ log = logging.getLogger("durable.lease")
 MAX_RESULT_BYTES = 64 * 1024
 MAX_TURN_AWAY_REASONS = 4  # distinct reasons a coalesced "rescheduled" event lists
 _LEASED = tuple(str(state) for state in LEASED_STATES)
+FINISH_CANCEL_MESSAGE = "stopped at a unit boundary"  # the cancelled event at a boundary
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,66 @@ class _Dialect:
             else self.renew_sql
         )
         self.held_sql = f"SELECT state FROM {self.table} WHERE {held}"
+        # The last unit's commit that also completes the job (finish_unit): the
+        # checkpoint and units_done move, and the state ends as complete() would
+        # have it — running -> completed, cancelling -> cancelled (a cancel
+        # accepted meanwhile wins), paused stays paused — the lease is released,
+        # and the event is numbered. SET reads the row's values before the update.
+        ending = "state IN ('running', 'cancelling')"
+        self.finish_sql = (
+            f"UPDATE {self.table} SET checkpoint = {pj}, units_done = units_done + 1, "
+            f"units_total = COALESCE({p}, units_total), updated_at = {p}, "
+            f"state = CASE state WHEN 'running' THEN 'completed' "
+            f"WHEN 'cancelling' THEN 'cancelled' ELSE state END, "
+            f"finished_at = CASE WHEN {ending} THEN {p} ELSE finished_at END, "
+            f"reason = CASE state WHEN 'running' THEN '' WHEN 'cancelling' THEN "
+            f"CASE WHEN reason = '' THEN 'cancelled' ELSE reason END ELSE reason END, "
+            f"error_code = CASE state WHEN 'running' THEN '' "
+            f"WHEN 'cancelling' THEN 'cancelled' ELSE error_code END, "
+            f"event_seq = event_seq + CASE WHEN {ending} THEN 1 ELSE 0 END, "
+            f"lease_owner = NULL, lease_expires_at = NULL "
+            f"WHERE {commit_where} RETURNING id, state, event_seq, units_done"
+        )
+        self.finish_event_sql = (
+            f"INSERT INTO {ops.quote_name(JobEvent._meta.db_table)} "
+            f"(job_id, seq, kind, message, data, created_at) VALUES ({p}, {p}, {p}, {p}, {pj}, {p})"
+        )
+        # PostgreSQL: all of it in one statement, its own transaction.
+        self.finish_one_sql = (
+            f"WITH moved AS ({self.finish_sql}), "
+            f"evidence AS (INSERT INTO {self.results} (job_id, key, result, created_at) "
+            f"SELECT id, {p}, {pj}, {p} FROM moved ON CONFLICT (job_id, key) DO NOTHING), "
+            f"ended AS (INSERT INTO {ops.quote_name(JobEvent._meta.db_table)} "
+            f"(job_id, seq, kind, message, data, created_at) "
+            f"SELECT id, event_seq, state, CASE state WHEN 'cancelled' THEN "
+            f"'{FINISH_CANCEL_MESSAGE}' ELSE '' END, CASE state WHEN 'completed' THEN "
+            f"jsonb_build_object('units_done', units_done) ELSE '{{}}'::jsonb END, {p} "
+            f"FROM moved WHERE state IN ('completed', 'cancelled')) "
+            f"SELECT state, event_seq, units_done FROM moved"
+        )
+        self.events = ops.quote_name(JobEvent._meta.db_table)
+        # The claim returns the whole row; these turn it into a Job as the ORM would.
+        self.job_fields = list(Job._meta.concrete_fields)
+        self.job_columns = ", ".join(ops.quote_name(f.column) for f in self.job_fields)
+        self.job_attnames = [f.attname for f in self.job_fields]
+        self.column_index = {name: n for n, name in enumerate(self.job_attnames)}
+        self.claim_facts = ("id", "lease_epoch", "event_seq", "attempts")
+        self._converters: list | None = None
+
+    def job_from_row(self, conn: Any, row: tuple) -> Job:
+        if self._converters is None:
+            converters = []
+            for f in self.job_fields:
+                col = f.get_col(Job._meta.db_table)
+                found = conn.ops.get_db_converters(col) + col.get_db_converters(conn)
+                converters.append((col, found))
+            self._converters = converters
+        values = []
+        for value, (col, converters) in zip(row, self._converters, strict=True):
+            for convert in converters:
+                value = convert(value, col, conn)
+            values.append(value)
+        return Job.from_db(DEFAULT_DB_ALIAS, self.job_attnames, values)
 
     @property
     def now_sql(self) -> str:
@@ -197,9 +258,19 @@ def now_under_lock() -> datetime:
 
 
 def pick_sql(
-    now: datetime, *, queues: list[str], operations: list[str], job_id: int | None = None
+    now: datetime,
+    *,
+    queues: list[str],
+    operations: list[str],
+    job_id: int | None = None,
+    lock: bool = True,
 ) -> tuple[str, list[Any]]:
-    """The SELECT that picks the next due job; an index range scan on durable_job_due."""
+    """The SELECT that picks the next due job; an index range scan on durable_job_due.
+
+    ``lock=False``: a plain read (the wake-up's "is anything due?"). Both claim
+    statements and that read use this one SELECT, so a further condition (a
+    paused queue, say) is one more entry in ``where`` and one more parameter.
+    """
     d = _dialect()
     where = ["state = 'queued'", f"next_attempt_at <= {d.now_sql}"]
     params: list[Any] = d.now(now)
@@ -214,7 +285,7 @@ def pick_sql(
     params.extend(operations)
     sql = (
         f"SELECT id FROM {d.table} WHERE {' AND '.join(where)} "
-        f"ORDER BY priority DESC, next_attempt_at, id LIMIT 1{d.skip_locked}"
+        f"ORDER BY priority DESC, next_attempt_at, id LIMIT 1{d.skip_locked if lock else ''}"
     )
     return sql, params
 
@@ -231,38 +302,134 @@ def claim(
 
     Ordered by priority (higher first), then ``next_attempt_at``, then id. The
     claim increments the lease epoch — the fencing token every later write of
-    this worker is conditioned on.
+    this worker is conditioned on. One round trip: the conditional UPDATE
+    returns the whole row (and whether the job has unit results, so the worker
+    can skip step 2's lookups), and the ``started`` event is written with it —
+    on PostgreSQL in the same statement, on SQLite in the same transaction.
+    The returned job's ``has_results`` says whether any unit result exists.
     """
     if not operations or (not queues and job_id is None):
         return None
+    conn = connections[DEFAULT_DB_ALIAS]
     d = _dialect()
-    adapt = connection.ops.adapt_datetimefield_value
-    with transaction.atomic():  # SQLite: BEGIN IMMEDIATE, the write lock is ours from here
-        now = now_under_lock()
-        later_params = d.later(now, lease_seconds)
-        pick, params = pick_sql(now, queues=queues, operations=operations, job_id=job_id)
-        sql = (
-            f"UPDATE {d.table} SET state = 'running', lease_owner = %s, "
-            f"lease_expires_at = {d.later_sql}, lease_epoch = lease_epoch + 1, "
-            f"units_at_claim = units_done, "  # a death after progress spends no attempt
-            f"started_at = COALESCE(started_at, %s), updated_at = %s, "
-            f"event_seq = event_seq + 1 "
-            f"WHERE id = ({pick}) AND state = 'queued' RETURNING id, lease_epoch, event_seq"
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [owner, *later_params, adapt(now), adapt(now), *params])
-            row = cursor.fetchone()
-        if row is None:
-            return None
-        claimed_id, epoch, seq = row
-        lease = Lease(claimed_id, owner, epoch)
-        job = Job.objects.get(pk=claimed_id)
-        data = {"worker": owner, "epoch": epoch, "attempt": job.attempts + 1}
-        JobEvent.objects.create(
-            job_id=claimed_id, seq=seq, kind="started", data=data, created_at=now
-        )
-        announce_change(job, JobState.QUEUED, "started", "", data)
+    if conn.in_atomic_block:
+        # Inside a caller's transaction (tests, run_job under atomic): the same
+        # statements through Django's cursor, in a savepoint.
+        with transaction.atomic(), conn.cursor() as cursor:
+            if d.pg:
+                row = _claim_pg(cursor, d, owner, queues, operations, lease_seconds, job_id)
+            else:
+                row = _claim_sqlite(cursor, d, owner, queues, operations, lease_seconds, job_id)
+    else:
+        with conn.wrap_database_errors:
+            conn.ensure_connection()
+            cursor = conn.connection.cursor()
+            try:
+                if d.pg:
+                    row = _claim_pg(
+                        cursor, d, owner, queues, operations, lease_seconds, job_id, raw=True
+                    )
+                else:
+                    # BEGIN IMMEDIATE first: the lease's expiry is computed once
+                    # the write lock is held, never before a wait for it; others
+                    # see us waiting and give way (durable.turns).
+                    with turns.waiting(conn):
+                        cursor.execute("BEGIN IMMEDIATE")
+                    try:
+                        row = _claim_sqlite(
+                            cursor, d, owner, queues, operations, lease_seconds, job_id, raw=True
+                        )
+                        cursor.execute("COMMIT")
+                    except BaseException:
+                        if conn.connection.in_transaction:
+                            cursor.execute("ROLLBACK")
+                        raise
+            finally:
+                cursor.close()
+    if row is None:
+        return None
+    job = d.job_from_row(conn, row[:-1])
+    job.has_results = bool(row[-1])
+    lease = Lease(job.pk, owner, job.lease_epoch)
+    data = {"worker": owner, "epoch": job.lease_epoch, "attempt": job.attempts + 1}
+    announce_change(job, JobState.QUEUED, "started", "", data)
     return lease, job
+
+
+def _claim_pg(
+    cursor: Any,
+    d: _Dialect,
+    owner: str,
+    queues: list[str],
+    operations: list[str],
+    lease_seconds: float,
+    job_id: int | None,
+    *,
+    raw: bool = False,
+) -> tuple | None:
+    """One statement: the claim, its ``started`` event, and the row with ``has_results``.
+
+    The pick locks the row (SKIP LOCKED) before the UPDATE forms it, so
+    ``clock_timestamp()`` is read after any wait; ``now`` only stamps times.
+    """
+    now = now_under_lock()
+    pick, params = pick_sql(now, queues=queues, operations=operations, job_id=job_id)
+    sql = (
+        f"WITH claimed AS (UPDATE {d.table} SET state = 'running', lease_owner = %s, "
+        f"lease_expires_at = clock_timestamp() + make_interval(secs => %s), "
+        f"lease_epoch = lease_epoch + 1, started_at = COALESCE(started_at, %s), "
+        f"units_at_claim = units_done, "  # a death after progress spends no attempt
+        f"updated_at = %s, event_seq = event_seq + 1 "
+        f"WHERE id = ({pick}) AND state = 'queued' RETURNING {d.job_columns}), "
+        f"started AS (INSERT INTO {d.events} (job_id, seq, kind, message, data, created_at) "
+        f"SELECT id, event_seq, 'started', '', jsonb_build_object('worker', lease_owner, "
+        f"'epoch', lease_epoch, 'attempt', attempts + 1), %s FROM claimed) "
+        f"SELECT {d.job_columns}, EXISTS (SELECT 1 FROM {d.results} r "
+        f"WHERE r.job_id = claimed.id) FROM claimed"
+    )
+    cursor.execute(sql, [owner, lease_seconds, now, now, *params, now])
+    return cursor.fetchone()
+
+
+def _claim_sqlite(
+    cursor: Any,
+    d: _Dialect,
+    owner: str,
+    queues: list[str],
+    operations: list[str],
+    lease_seconds: float,
+    job_id: int | None,
+    *,
+    raw: bool = False,
+) -> tuple | None:
+    """Inside the write transaction: the claim returning the row, then its event."""
+    now = now_under_lock()  # the lease cannot start out expired
+    adapt = connection.ops.adapt_datetimefield_value
+    pick, params = pick_sql(now, queues=queues, operations=operations, job_id=job_id)
+    sql = (
+        f"UPDATE {d.table} SET state = 'running', lease_owner = %s, lease_expires_at = %s, "
+        f"lease_epoch = lease_epoch + 1, started_at = COALESCE(started_at, %s), "
+        f"units_at_claim = units_done, "  # a death after progress spends no attempt
+        f"updated_at = %s, event_seq = event_seq + 1 "
+        f"WHERE id = ({pick}) AND state = 'queued' RETURNING {d.job_columns}, "
+        f"EXISTS (SELECT 1 FROM {d.results} r WHERE r.job_id = {d.table}.id)"
+    )
+    later = adapt(now + timedelta(seconds=lease_seconds))
+    values = [owner, later, adapt(now), adapt(now), *params]
+    if raw:
+        sql = sql.replace("%s", "?")
+    cursor.execute(sql, values)
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    job_id, epoch, seq, attempts = (row[d.column_index[name]] for name in d.claim_facts)
+    data = _encode({"worker": owner, "epoch": epoch, "attempt": attempts + 1})
+    insert = (
+        f"INSERT INTO {d.events} (job_id, seq, kind, message, data, created_at) "
+        f"VALUES (%s, %s, 'started', '', %s, %s)"
+    )
+    cursor.execute(insert.replace("%s", "?") if raw else insert, [job_id, seq, data, adapt(now)])
+    return row
 
 
 # --- renewal, fencing, checkpoints -----------------------------------------------
@@ -474,6 +641,117 @@ def _commit_direct(conn: Any, d: _Dialect, bind: Any) -> tuple | None:
             cursor.close()
 
 
+def finish_unit(
+    lease: Lease,
+    *,
+    key: str,
+    result: Any,
+    checkpoint: Any,
+    units_total: int | None,
+    operation: str,
+    attempts: int,
+) -> str:
+    """The last unit's commit, which also completes the job: one fenced transaction.
+
+    Checkpoint, unit result, the ``completed`` event and the state commit
+    together, or nothing does (LeaseLost). The state ends as ``complete()``
+    would leave it: a cancel accepted meanwhile wins (``cancelled``), a pause
+    is honoured (stays ``paused``, lease released, completes once resumed).
+    PostgreSQL: one statement. SQLite: BEGIN IMMEDIATE, three writes, COMMIT.
+    Returns the job's state after the commit. The caller must have no pending
+    events (they would need numbering before the completion's).
+    """
+    encoded = _encode(result)
+    if len(encoded) > MAX_RESULT_BYTES:
+        raise NonRetryable(
+            f"unit {key!r} returned {len(encoded)} bytes; a unit result is evidence, "
+            f"keep it under {MAX_RESULT_BYTES} bytes"
+        )
+    conn = connections[DEFAULT_DB_ALIAS]
+    d = _dialect()
+    fenced = [lease.job_id, lease.owner, lease.epoch]
+
+    def bind() -> tuple[list, str]:
+        moment = now_under_lock()
+        if d.utc_text:
+            now = str(moment.astimezone(UTC).replace(tzinfo=None))
+        else:
+            now = conn.ops.adapt_datetimefield_value(moment)
+        return [_encode(checkpoint), units_total, now, now, *fenced], now
+
+    def run(cursor: Any) -> tuple | None:
+        params, now = bind()
+        if d.pg:
+            faults.reach("finish_before_commit")  # the statement is its own transaction
+            cursor.execute(d.finish_one_sql, [*params, key, encoded, now, now])
+            return cursor.fetchone()
+        cursor.execute(d.finish_sql, params)
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        job_id, state, seq, units_done = row
+        cursor.execute(d.result_sql, [job_id, key, encoded, now])
+        if state in (JobState.COMPLETED, JobState.CANCELLED):
+            message = FINISH_CANCEL_MESSAGE if state == JobState.CANCELLED else ""
+            data = {"units_done": units_done} if state == JobState.COMPLETED else {}
+            cursor.execute(d.finish_event_sql, [job_id, seq, state, message, _encode(data), now])
+        faults.reach("finish_before_commit")  # written, not yet committed
+        return state, seq, units_done
+
+    if conn.in_atomic_block:
+        with transaction.atomic():
+            conn.ensure_connection()
+            cursor = conn.connection.cursor()
+            try:
+                row = run(cursor)
+            finally:
+                cursor.close()
+    else:
+        row = _run_direct(conn, d, run)
+    if row is None:
+        raise LeaseLost(f"job {lease.job_id}: completion refused, lease epoch {lease.epoch} lost")
+    state, _seq, units_done = row
+    job = Job(
+        pk=lease.job_id,
+        operation=operation,
+        state=state,
+        attempts=attempts,
+        checkpoint=checkpoint,
+        units_done=units_done,
+    )
+    if state == JobState.COMPLETED:
+        announce_change(job, JobState.RUNNING, "completed", "", {"units_done": units_done})
+    elif state == JobState.CANCELLED:
+        announce_change(job, JobState.CANCELLING, "cancelled", FINISH_CANCEL_MESSAGE, {})
+    else:
+        log_state(job, "lease_released", reason=state)
+    return state
+
+
+def _run_direct(conn: Any, d: _Dialect, run: Any) -> tuple | None:
+    """``run(cursor)`` on the DB-API connection (Django's in autocommit mode), as one
+    transaction: PostgreSQL's single statement, or SQLite's BEGIN IMMEDIATE … COMMIT
+    (ROLLBACK on an error or when ``run`` returns None)."""
+    with conn.wrap_database_errors:
+        conn.ensure_connection()
+        cursor = conn.connection.cursor()
+        try:
+            if d.pg:
+                return run(cursor)
+            with turns.waiting(conn):  # others give way to us (durable.turns)
+                cursor.execute("BEGIN IMMEDIATE")
+            try:
+                row = run(cursor)
+                cursor.execute("COMMIT" if row is not None else "ROLLBACK")
+            except BaseException:
+                if conn.connection.in_transaction:
+                    cursor.execute("ROLLBACK")
+                raise
+            return row
+        finally:
+            cursor.close()
+
+
 # --- fenced transitions ------------------------------------------------------------
 
 
@@ -508,7 +786,7 @@ def _cancelled(job: Job, now: datetime, **fields: Any) -> None:
     _save(
         job,
         now,
-        ("cancelled", "stopped at a unit boundary", {}),
+        ("cancelled", FINISH_CANCEL_MESSAGE, {}),
         state=JobState.CANCELLED,
         finished_at=now,
         error_code="cancelled",

@@ -14,6 +14,7 @@ not more threads: units are mostly I/O, and processes isolate crashes.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import random
@@ -23,20 +24,16 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from django.db import (
-    InterfaceError,
-    OperationalError,
-    close_old_connections,
-    connection,
-    transaction,
-)
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from . import faults, rescue, signals, turns
+from . import faults, rescue, signals, turns, wakeup
 from . import lease as leases
 from .errors import LeaseLost, NonRetryable, RetryLater, Stopping, Unavailable, UnitTimeout
 from .lease import Lease
@@ -65,6 +62,16 @@ def default_worker_id(prefix: str | None = None) -> str:
     """
     prefix = prefix or f"{socket.gethostname()}:{os.getpid()}"
     return f"{prefix[:MAX_WORKER_ID_PREFIX]}:{secrets.token_hex(6)}"
+
+
+_FINISHED = object()  # _run_unit: the last unit's commit also completed the job
+
+
+@dataclass(frozen=True)
+class _Raised:
+    """The look-ahead's generator raised; re-raised once the unit is committed."""
+
+    error: Exception
 
 
 @dataclass
@@ -124,6 +131,7 @@ class Worker:
         # When a unit that overran its unit_timeout was found still running a
         # grace period later: from then on the process drains and exits.
         self._hung_since: float | None = None
+        self._wakeup = wakeup.Wakeup()
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -158,6 +166,14 @@ class Worker:
             target=self._housekeeping_loop, name="durable-housekeeping", daemon=True
         )
         keeper.start()
+        if not self.burst:
+            wakeup.start_listener(
+                self._wakeup,
+                self.queues,
+                self.finished,
+                due_exists=self._due_exists,
+                sqlite_interval=getattr(settings, "DURABLE_SQLITE_WAKE_INTERVAL", 0.01),
+            )
         threads = [
             threading.Thread(target=self._executor_loop, name=f"durable-{n}", daemon=True)
             for n in range(self.concurrency)
@@ -226,6 +242,7 @@ class Worker:
 
     def stop(self) -> None:
         self.stopping.set()
+        self._wakeup.close()  # idle threads leave now, not at their next poll
         with self._lock:
             for execution in self._executions.values():
                 execution.ctx.stop_requested.set()
@@ -285,15 +302,16 @@ class Worker:
     # --- claiming -------------------------------------------------------------
 
     def _executor_loop(self) -> None:
-        # Jitter the first claim so a fleet restarting together does not stampede.
-        if self.stopping.wait(random.uniform(0, min(self.poll_interval, 1.0))):
-            return
+        # No start-up jitter: jobs taken back after a restart already come due
+        # gradually (rescue.reclaim_delay), and everything else should start now.
+        # The thread keeps its connection for its whole life (SQLite included: a
+        # reconnect costs a WAL checkpoint's fsync on the last close); it is
+        # dropped only after an error, and the next claim reconnects.
         idle = 0.0
         try:
             while not self.stopping.is_set():
                 if not self._reserve():
                     return
-                close_old_connections()
                 try:
                     claimed = leases.claim(
                         self.worker_id,
@@ -303,6 +321,7 @@ class Worker:
                     )
                 except Exception:
                     log.exception("claim failed; retrying", extra={"worker": self.worker_id})
+                    connection.close()
                     self._unreserve()
                     idle = min(max(idle * 2, self.poll_interval), 30.0)
                     self.stopping.wait(idle)
@@ -311,19 +330,33 @@ class Worker:
                     self._unreserve()
                     if self.burst:
                         return
-                    self.stopping.wait(self.poll_interval * random.uniform(0.8, 1.2))
+                    self._wakeup.wait(self.poll_interval * random.uniform(0.8, 1.2))
                     continue
                 idle = 0.0
+                if self._wakeup.idle:
+                    # There may be more: let one idle thread look too (a burst
+                    # reaches every thread; a lone job costs one empty claim).
+                    self._wakeup.signal()
                 try:
                     self.execute(*claimed)
                 except Exception:
                     # Typically the database went away while recording an outcome;
                     # the lease expires and restart recovery takes the job back.
                     log.exception("job left to lease expiry", extra={"job": claimed[0].job_id})
+                    connection.close()
                 with self._lock:
                     self._jobs_done += 1
         finally:
             connection.close()
+
+    def _due_exists(self) -> bool:
+        """A read (no lock taken): is a job this worker could claim due now?"""
+        sql, params = leases.pick_sql(
+            timezone.now(), queues=self.queues, operations=self.operations or [], lock=False
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone() is not None
 
     def _reserve(self) -> bool:
         """With ``max_jobs``, hold one of the remaining claims for this thread."""
@@ -357,7 +390,10 @@ class Worker:
             units_total=job.units_total,
             logger=logging.getLogger(f"durable.op.{job.operation}"),
         )
-        execution = Execution(lease, ctx, op, results_possible=leases.has_results(job.pk))
+        has_results = getattr(job, "has_results", None)  # the claim tells; else ask
+        if has_results is None:
+            has_results = leases.has_results(job.pk)
+        execution = Execution(lease, ctx, op, results_possible=has_results)
         with self._lock:
             self._executions[job.pk] = execution
         units = None
@@ -369,10 +405,15 @@ class Worker:
             if ctx.units_total is None:
                 ctx.units_total = op.total_units(ctx)
             units = op.units(ctx)
-            for unit in units:
+            pending = iter(units)
+            while (unit := next(pending, None)) is not None:
                 if self._at_boundary(execution):
                     return
-                self._run_unit(execution, unit)
+                ahead = self._run_unit(execution, unit, pending)
+                if ahead is _FINISHED:
+                    return  # the last unit's commit completed the job
+                if ahead is not None:
+                    pending = itertools.chain([ahead], pending)
             faults.reach("before_complete")
             execution.finishing = True
             leases.complete(lease)
@@ -413,11 +454,14 @@ class Worker:
             return True
         return False
 
-    def _run_unit(self, execution: Execution, unit: Unit) -> None:
+    def _run_unit(self, execution: Execution, unit: Unit, pending: Iterator[Unit]) -> Any:
+        """Run and commit one unit. Returns ``_FINISHED`` when its commit also completed
+        the job, the next unit when it had to be looked ahead at, else None."""
         ctx, op, lease = execution.ctx, execution.op, execution.lease
         check_payload(unit)
         execution.overrun_at, execution.unit_key = None, unit.key
         execution.unit_started = time.monotonic()
+        ahead: Any = None
         try:
             if op.atomic_units:
                 # SQLite: the unit holds the one write lock while it runs; let
@@ -430,6 +474,20 @@ class Worker:
                     state = self._commit(execution, unit, result)
             else:
                 result = self._unit_body(execution, unit)
+                ahead = self._look_ahead(execution, pending)
+                if ahead is _FINISHED:
+                    execution.finishing = True
+                    state = leases.finish_unit(
+                        lease,
+                        key=unit.key,
+                        result=result,
+                        checkpoint=unit.checkpoint,
+                        units_total=ctx.units_total,
+                        operation=ctx.operation,
+                        attempts=ctx.attempt - 1,
+                    )
+                    faults.reach("finish_after_commit")
+                    return _FINISHED
                 state = self._commit(execution, unit, result)
         finally:
             execution.unit_started = None
@@ -443,6 +501,31 @@ class Worker:
             ctx.stop_requested.set()
         elif execution.timed_out and not (self.stopping.is_set() or execution.lost):
             ctx.stop_requested.clear()  # it finished after all: the stop was for that unit only
+        if isinstance(ahead, _Raised):
+            raise ahead.error  # the unit is committed; now the generator's own failure
+        return ahead
+
+    def _look_ahead(self, execution: Execution, pending: Iterator[Unit]) -> Any:
+        """Is the unit just run the job's last? Asked only when ``total_units`` says so.
+
+        Then the generator is asked for one more unit before the commit: none
+        means the commit completes the job too (``_FINISHED``: one transaction
+        instead of two); a unit means the total was an estimate, and it is run
+        next as usual. A generator that raises is committed past first, then
+        its error is raised (``_Raised``). Never for atomic units (the look-ahead
+        would run inside their transaction, holding the lock while it reads),
+        nor when the unit added events (they are numbered before completion).
+        """
+        ctx = execution.ctx
+        if ctx.units_total is None or ctx.units_done + 1 < ctx.units_total or ctx.pending_events:
+            return None
+        try:
+            ahead = next(pending, None)
+        except Exception as exc:
+            return _Raised(exc)
+        if ahead is None:
+            return None if ctx.pending_events else _FINISHED
+        return ahead
 
     def _unit_body(self, execution: Execution, unit: Unit) -> Any:
         """Steps 2 and 3, and the check of step 4: skip if done, else run and verify."""
@@ -567,12 +650,12 @@ class Worker:
         interval = max(self.lease_seconds / 3.0, 0.05)
         try:
             while not self.finished.wait(interval):
-                close_old_connections()
                 try:
                     self._renew_all()
                     rescue.heartbeat(self.worker_id)
                 except Exception:
                     log.exception("lease renewal round failed", extra={"worker": self.worker_id})
+                    connection.close()  # the next round reconnects
         finally:
             connection.close()
 
@@ -587,7 +670,6 @@ class Worker:
         next_reclaim = time.monotonic() + reclaim_every * random.uniform(0.5, 1.0)
         try:
             while not self.finished.wait(interval):
-                close_old_connections()
                 try:
                     signals.send_now(signals.worker_heartbeat, worker_id=self.worker_id)
                     if time.monotonic() >= next_reclaim and not self.stopping.is_set():
@@ -595,6 +677,7 @@ class Worker:
                         next_reclaim = time.monotonic() + reclaim_every * random.uniform(0.8, 1.2)
                 except Exception:
                     log.exception("housekeeping round failed", extra={"worker": self.worker_id})
+                    connection.close()
         finally:
             connection.close()
 

@@ -193,6 +193,9 @@ if os.environ.get("SECURE_PROXY_SSL_HEADER"):
 DURABLE_LEASE_SECONDS = float(os.environ.get("DURABLE_LEASE_SECONDS", "30"))
 DURABLE_POLL_INTERVAL = float(os.environ.get("DURABLE_POLL_INTERVAL", "1"))
 DURABLE_GRACE_SECONDS = float(os.environ.get("DURABLE_GRACE_SECONDS", "25"))
+# SQLite: how often an idle worker reads PRAGMA data_version to notice a newly
+# due job (a shared-memory read; PostgreSQL workers are woken by NOTIFY instead).
+DURABLE_SQLITE_WAKE_INTERVAL = float(os.environ.get("DURABLE_SQLITE_WAKE_INTERVAL", "0.01"))
 DURABLE_MAX_INPUT_BYTES = int(os.environ.get("DURABLE_MAX_INPUT_BYTES", str(64 * 1024)))
 
 # Django's Tasks framework runs on the engine: every task.enqueue() is a durable job

@@ -15,6 +15,7 @@ from .parse import (
     EVENTS_MAX_LIMIT,
     LIST_DEFAULT_LIMIT,
     LIST_MAX_LIMIT,
+    MAX_BATCH_JOBS,
     MAX_ID,
     MAX_IDEMPOTENCY_KEY,
     MAX_OPERATION_NAME,
@@ -111,6 +112,78 @@ SCHEMAS: dict[str, Any] = {
                 "type": ["string", "null"],
                 "enum": [*OnRestart.values, None],
                 "description": "Absent or null: the operation's policy.",
+            },
+        },
+    },
+    "JobBatchSubmission": {
+        "type": "object",
+        "required": ["operation", "inputs"],
+        "examples": [{"operation": "durable.noop", "inputs": [{"units": 1}, {"units": 2}]}],
+        "additionalProperties": False,
+        "properties": {
+            "operation": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_OPERATION_NAME,
+                "description": "A registered operation, e.g. `durable.noop`.",
+            },
+            "inputs": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": MAX_BATCH_JOBS,
+                "items": {"type": ["object", "null"]},
+                "description": "One job per input (null: `{}`). Every input is checked "
+                "before any job is written; the first bad one is reported as "
+                "`inputs[<index>].<field>` and nothing is created.",
+            },
+            "queue": {
+                "type": ["string", "null"],
+                "pattern": "^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$",
+                "description": "For every job. Absent or null: the operation's queue.",
+            },
+            "priority": {
+                "type": ["integer", "null"],
+                "minimum": -100,
+                "maximum": 100,
+                "description": "For every job. Absent or null: the operation's.",
+            },
+            "on_restart": {
+                "type": ["string", "null"],
+                "enum": [*OnRestart.values, None],
+                "description": "For every job. Absent or null: the operation's policy.",
+            },
+        },
+    },
+    "JobBatch": {
+        "type": "object",
+        "required": ["count", "created", "jobs"],
+        "properties": {
+            "count": {"type": "integer", "minimum": 1, "description": "Inputs submitted."},
+            "created": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "New jobs; the others matched an unfinished job's unique key.",
+            },
+            "jobs": {
+                "type": "array",
+                "description": "One job per input, in input order.",
+                "items": {
+                    "allOf": [
+                        _ref("Job"),
+                        {
+                            "type": "object",
+                            "required": ["created"],
+                            "properties": {
+                                "created": {
+                                    "type": "boolean",
+                                    "description": "False: an unfinished job with the "
+                                    "operation's unique key (or an earlier input's) was "
+                                    "returned instead of a new one.",
+                                }
+                            },
+                        },
+                    ]
+                },
             },
         },
     },
@@ -721,6 +794,53 @@ def build_document(prefix: str = "/api/") -> dict[str, Any]:
                         },
                     },
                     "400": _problem("Malformed JSON, invalid fields or unknown operation."),
+                    **AUTH_PROBLEMS,
+                    "411": _problem("A chunked body: send it with a Content-Length."),
+                    "413": _problem("The body is larger than DURABLE_API_MAX_BODY_BYTES."),
+                    "415": _problem("The body is not application/json."),
+                    "422": _problem("The Idempotency-Key was used with a different body."),
+                },
+            },
+        },
+        f"{base}/jobs/batch": {
+            "post": {
+                "operationId": "submitJobBatch",
+                "summary": "Submit many jobs of one operation; all are committed, or none, "
+                "before the 202 is sent.",
+                "security": [{"bearer": ["jobs:write"]}],
+                "parameters": [
+                    {
+                        "name": "Idempotency-Key",
+                        "in": "header",
+                        "description": "Repeating the request with the same key and body "
+                        "returns the first response (same jobs). Kept while the batch's "
+                        "first job is unfinished, and for the retention period.",
+                        "schema": {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": MAX_IDEMPOTENCY_KEY,
+                            "pattern": "^[!-~]+$",
+                        },
+                    }
+                ],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("JobBatchSubmission")}},
+                },
+                "responses": {
+                    "202": {
+                        **_json("Accepted: every job is stored.", "JobBatch"),
+                        "headers": {
+                            "Idempotent-Replayed": {
+                                "description": "With Idempotency-Key: true for a replay.",
+                                "schema": {"type": "string", "enum": ["true", "false"]},
+                            },
+                        },
+                    },
+                    "400": _problem(
+                        "Malformed JSON, invalid fields or inputs, or unknown "
+                        "operation; nothing was created."
+                    ),
                     **AUTH_PROBLEMS,
                     "411": _problem("A chunked body: send it with a Content-Length."),
                     "413": _problem("The body is larger than DURABLE_API_MAX_BODY_BYTES."),

@@ -31,6 +31,8 @@ VISIBLE_ASCII = re.compile(r"^[\x21-\x7e]+$")
 UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 MAX_ID = 2**63 - 1  # BIGINT: a larger id cannot exist and must not reach the database
 SUBMISSION_FIELDS = ("operation", "input", "queue", "priority", "on_restart")
+BATCH_FIELDS = ("operation", "inputs", "queue", "priority", "on_restart")
+MAX_BATCH_JOBS = 1000  # jobs per POST /jobs/batch (the body limit applies too)
 SCHEDULE_FIELDS = (
     "name", "operation", "cron", "interval", "input", "time_zone", "catch_up", "overlap",
     "queue", "priority", "enabled",
@@ -282,6 +284,60 @@ def parse_submission(data: Mapping[str, Any]) -> Submission:
     if errors:
         raise invalid(errors)
     return Submission(operation, job_input, queue, priority, on_restart)
+
+
+@dataclass(frozen=True)
+class BatchSubmission:
+    """A parsed ``POST /jobs/batch`` body: one operation, many inputs, shared options."""
+
+    operation: str
+    inputs: list[dict[str, Any]]
+    queue: str | None = None
+    priority: int | None = None
+    on_restart: str | None = None
+
+    def with_defaults(self, *, queue: str, priority: int, on_restart: str) -> BatchSubmission:
+        """Every None replaced by the operation's value, as ``enqueue_many`` would."""
+        return BatchSubmission(
+            self.operation,
+            self.inputs,
+            self.queue or queue,
+            priority if self.priority is None else self.priority,
+            self.on_restart or str(on_restart),
+        )
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "operation": self.operation,
+            "inputs": self.inputs,
+            "queue": self.queue,
+            "priority": self.priority,
+            "on_restart": self.on_restart,
+        }
+
+
+def parse_batch(data: Mapping[str, Any]) -> BatchSubmission:
+    """Check the fields of ``POST /jobs/batch``; every problem is reported, not just the first."""
+    errors = _unknown_fields(data, BATCH_FIELDS)
+    operation = _operation(data.get("operation"), errors)
+    inputs = data.get("inputs")
+    if not isinstance(inputs, list) or not 0 < len(inputs) <= MAX_BATCH_JOBS:
+        errors.append(FieldError("inputs", f"must be an array of 1 to {MAX_BATCH_JOBS} inputs"))
+        inputs = []
+    inputs = [{} if item is None else item for item in inputs]
+    errors.extend(
+        FieldError(f"inputs[{index}]", "must be a JSON object")
+        for index, item in enumerate(inputs)
+        if not isinstance(item, dict)
+    )
+    queue = _queue(data.get("queue"), errors)
+    priority = _priority(data.get("priority"), errors)
+    on_restart = data.get("on_restart")
+    if on_restart is not None and on_restart not in OnRestart.values:
+        errors.append(FieldError("on_restart", f"must be one of {', '.join(OnRestart.values)}"))
+    if errors:
+        raise invalid(errors)
+    return BatchSubmission(operation, inputs, queue, priority, on_restart)
 
 
 @dataclass(frozen=True)

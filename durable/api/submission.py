@@ -13,15 +13,16 @@ works the same after the server restarts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db import IntegrityError, transaction
 
 from ..errors import InputRejected
-from ..jobs import enqueue
+from ..jobs import enqueue, enqueue_many
 from ..models import Job
-from .errors import Refusal, rejected_input
+from .errors import FieldError, Refusal, invalid, rejected_input
 from .models import Client, IdempotencyKey
-from .parse import Submission
+from .parse import BatchSubmission, Submission
 from .render import dumps, job_json, job_url
 
 RACE_ATTEMPTS = 3
@@ -67,8 +68,54 @@ def _replay(row: IdempotencyKey, digest: str) -> Reply:
 
 def submit(client: Client, submission: Submission, *, key: str | None, digest: str) -> Reply:
     """Create the job (committed before this returns) or replay the stored reply."""
+
+    def create() -> tuple[Job, Reply]:
+        job = _enqueue(client, submission)
+        return job, _accepted(job)
+
+    return _once(client, create, key=key, digest=digest)
+
+
+def _enqueue_batch(client: Client, batch: BatchSubmission) -> list[Job]:
+    try:
+        return enqueue_many(
+            batch.operation,
+            batch.inputs,
+            owner=client.actor,
+            queue=batch.queue,
+            priority=batch.priority,
+            on_restart=batch.on_restart,
+        )
+    except InputRejected as exc:
+        # enqueue_many names the input by position ("inputs[3].units") or its own
+        # option ("priority"): either is already the request's field.
+        raise invalid([FieldError(exc.field, exc.reason)]) from None
+
+
+def submit_batch(client: Client, batch: BatchSubmission, *, key: str | None, digest: str) -> Reply:
+    """Create every job of the batch in one transaction, or replay the stored reply.
+
+    With an Idempotency-Key the key row refers to the batch's first job, so the
+    key is kept (see ``IdempotencyKey.objects.purgeable``) while that job is
+    unfinished.
+    """
+
+    def create() -> tuple[Job, Reply]:
+        created = _enqueue_batch(client, batch)
+        body = {
+            "count": len(created),
+            "created": sum(1 for job in created if job.created),
+            "jobs": [{**job_json(job), "created": job.created} for job in created],
+        }
+        return created[0], Reply(202, dumps(body))
+
+    return _once(client, create, key=key, digest=digest)
+
+
+def _once(client: Client, create: Any, *, key: str | None, digest: str) -> Reply:
+    """``create()`` once per Idempotency-Key: the key row first, then the job(s)."""
     if key is None:
-        return _accepted(_enqueue(client, submission))
+        return create()[1]
     for _ in range(RACE_ATTEMPTS):
         existing = IdempotencyKey.objects.filter(client=client, key=key).first()
         if existing is not None:
@@ -76,8 +123,7 @@ def submit(client: Client, submission: Submission, *, key: str | None, digest: s
         try:
             with transaction.atomic():
                 row = IdempotencyKey.objects.create(client=client, key=key, request_digest=digest)
-                job = _enqueue(client, submission)
-                reply = _accepted(job)
+                job, reply = create()
                 row.job = job
                 row.response_status = reply.status
                 row.response_body = reply.body

@@ -8,6 +8,7 @@ app_name = "durable-api"
 
 urlpatterns = [
     path("jobs", views.jobs_view, name="jobs"),
+    path("jobs/batch", views.jobs_batch_view, name="jobs-batch"),
     path("jobs/<int:job_id>", views.job_view, name="job"),
     path("jobs/<int:job_id>/events", views.job_events_view, name="job-events"),
     path("jobs/<int:job_id>/result", views.job_result_view, name="job-result"),

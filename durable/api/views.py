@@ -36,6 +36,7 @@ from .parse import (
     find_unstorable,
     is_json_content_type,
     loads_json_object,
+    parse_batch,
     parse_events_query,
     parse_idempotency_key,
     parse_list_query,
@@ -47,7 +48,7 @@ from .parse import (
     wants_event_stream,
 )
 from .render import dumps, event_json, job_json
-from .submission import submit
+from .submission import submit, submit_batch
 
 log = logging.getLogger("durable.api")
 
@@ -277,6 +278,23 @@ def submit_job(request: HttpRequest, client: Client) -> HttpResponse:
     response = HttpResponse(reply.body, status=reply.status, content_type=JSON)
     for name, value in reply.headers.items():
         response[name] = value
+    if key is not None:
+        response["Idempotent-Replayed"] = "true" if reply.replayed else "false"
+    return response
+
+
+@endpoint({"POST": "jobs:write"})
+def jobs_batch_view(request: HttpRequest, client: Client) -> HttpResponse:
+    """Many jobs of one operation in one request: all inputs checked, then one transaction."""
+    key = parse_idempotency_key(request.headers.get("Idempotency-Key"))
+    batch = parse_batch(read_json_body(request))
+    operation = authorize_operation(request, client, batch.operation)
+    batch = batch.with_defaults(
+        queue=operation.queue, priority=operation.priority, on_restart=operation.on_restart
+    )
+    digest = request_digest("POST", "jobs/batch", batch.fields())
+    reply = submit_batch(client, batch, key=key, digest=digest)
+    response = HttpResponse(reply.body, status=reply.status, content_type=JSON)
     if key is not None:
         response["Idempotent-Replayed"] = "true" if reply.replayed else "false"
     return response

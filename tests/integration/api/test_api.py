@@ -207,7 +207,8 @@ def test_openapi_document__is_public_and_lists_every_path(api):
     document = response.json()
     assert document["openapi"].startswith("3.1")
     assert set(document["paths"]) == {
-        "/api/jobs", "/api/jobs/{job_id}", "/api/jobs/{job_id}/events", "/api/openapi.json",
+        "/api/jobs", "/api/jobs/batch", "/api/jobs/{job_id}", "/api/jobs/{job_id}/events",
+        "/api/openapi.json",
         "/api/jobs/{job_id}/cancel", "/api/jobs/{job_id}/pause", "/api/jobs/{job_id}/resume",
         "/api/jobs/{job_id}/retry", "/api/schedules", "/api/schedules/{schedule_id}",
         "/api/jobs/{job_id}/result",
