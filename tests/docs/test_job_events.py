@@ -3,7 +3,8 @@
 Event kinds are plain strings written in a few places; this reads those places in
 the source: the event tuples of the engine (``("failed", reason, {...})``), the
 ``kind="…"`` and ``kind, message = "…"`` assignments, the operator-action table,
-and ``ctx.event("…")`` in any operation.
+the kinds of event rows inserted by SQL (``'started', ''``), and ``ctx.event("…")``
+in any operation.
 """
 
 from __future__ import annotations
@@ -15,13 +16,18 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "reference" / "job-states.md"
 ENGINE = ("durable/jobs.py", "durable/lease.py", "durable/rescue.py", "durable/worker.py")
 PATTERNS = (
-    # ("kind", message, {data}) handed to add_events / _save
+    # ("kind", message, {data}) handed to add_events / _save: the third item (a dict or
+    # a name) tells it from any tuple of strings, such as a list of field names.
     re.compile(
-        r"(?<![\w.])\(\s*\"([a-z_]+)\",\s*(?:reason|message|why|note|entry\[\"message\"\]|\"[^\"]*\"|f\")"
+        r"(?<![\w.])\(\s*\"([a-z_]+)\",\s*(?:reason|message|why|note|entry\[\"message\"\]"
+        r"|\"[^\"]*\"|f\"[^\"]*\"),\s*(?:\{|[a-z_]+\))"
     ),
     re.compile(r"\bkind=\"([a-z_]+)\""),
     re.compile(r"\bkind, message = \"([a-z_]+)\""),
     re.compile(r"\): \"([a-z_]+)\",\s*$", re.MULTILINE),  # _EVENT_KIND's values
+    # An event row inserted by SQL (the claim's "started", enqueue_many's "enqueued"):
+    # job, seq, 'kind', '' (the message) — a string literal in the statement.
+    re.compile(r"(?:event_seq|id|value|%s), (?:1|%s), '([a-z_]+)', ''"),
 )
 CTX_EVENT = re.compile(r"ctx\.event\(\s*\"([a-z_]+)\"")
 NOT_KINDS = {"lease_released"}  # log_state() lines, not events
