@@ -216,6 +216,14 @@ def test_adding_an_operation(registry: None) -> None:
     assert drain(job.pk).state == "completed"
     assert resized == ["a.png"]
     assert UnitResult.objects.get(job_id=job.pk).result == {"resized": "a.png"}
+    created = namespace["created"]  # enqueue_many: one job per input, in order
+    assert [(j.input, j.owner, j.created) for j in created] == [
+        ({"paths": ["b.png"]}, "alice", True),
+        ({"paths": ["c.png"]}, "alice", True),
+    ]
+    for each in created:
+        assert drain(each.pk).state == "completed"
+    assert resized == ["a.png", "b.png", "c.png"]
 
 
 @pytest.mark.django_db(transaction=True)  # durable.http refuses to run inside a transaction
