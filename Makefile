@@ -8,7 +8,7 @@ WEB_WORKERS ?= 2
 WEB_THREADS ?= 8
 WORKER_ARGS ?= --concurrency 2
 
-.PHONY: run test setup install lint soak bench clean
+.PHONY: run test setup install lint docs soak bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+DOCS_STAMP := $(VENV)/.installed-docs
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet -e '.[dev,docs]'
+	touch $(DOCS_STAMP)
 
 setup: $(STAMP)
 	$(BIN)/python manage.py migrate --noinput
@@ -50,6 +55,13 @@ test: $(STAMP) lint
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/python -m pytest
 
+# The documentation site (docs/): warnings are errors, then every internal link and
+# anchor of the built HTML is checked (no network: external links are not fetched).
+docs: $(DOCS_STAMP)
+	rm -rf docs/_build/html
+	$(BIN)/python -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	$(BIN)/python docs/_ext/check_links.py docs/_build/html
+
 # Long torture runs: not part of `make test`.
 soak: $(STAMP)
 	$(BIN)/python bench/soak.py
@@ -63,4 +75,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/builtin.py
 
 clean:
-	rm -rf $(VENV) var/staticfiles var/test-db.sqlite3*
+	rm -rf $(VENV) var/staticfiles var/test-db.sqlite3* docs/_build docs/reference/_generated

@@ -1,8 +1,8 @@
 """Site settings, read from the environment so one build runs anywhere.
 
-Every variable is listed in README.md ("Configuration"). Defaults aim at a
-single machine with the embedded SQLite database; PostgreSQL is selected with
-DATABASE_URL.
+Every variable is listed in docs/reference/settings.md (a test fails when one is
+missing). Defaults aim at a single machine with the embedded SQLite database;
+PostgreSQL is selected with DATABASE_URL.
 """
 
 import hashlib

@@ -19,7 +19,7 @@ from durable.mail.policy import (
 from durable.operations import get_operation, may_start
 from durable.webhooks.policy import body, content_id, idempotency_key, matches, signature, verify
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+WEBHOOKS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "webhooks-and-mail.md"
 
 
 @pytest.mark.parametrize(
@@ -77,12 +77,12 @@ def test_signature__receivers_may_accept_several_v1_values_during_secret_rotatio
 
 
 def test_readme_verification_example__accepts_our_signature_and_rejects_a_forgery():
-    """The receiver example in README is real code: run it against what we send."""
-    text = README.read_text()
-    section = text.split("### Verifying a webhook", 1)[1]
+    """The receiver example in the docs is real code: run it against what we send."""
+    text = WEBHOOKS_PAGE.read_text()
+    section = text.split("## Verifying a webhook", 1)[1]
     code = section.split("```python", 1)[1].split("```", 1)[0]
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own README example
+    exec(compile(code, str(WEBHOOKS_PAGE), "exec"), namespace)  # noqa: S102 - our own docs example
     verify_webhook = namespace["verify_webhook"]
     payload = b'{"id":"job:1:5","type":"job.failed"}'
     import time
