@@ -280,11 +280,15 @@ def pick_sql(
     else:
         where.append(f"queue IN ({_placeholders(queues)})")
         params.extend(queues)
-        where.append(d.queue_not_paused)  # issue 14: a paused queue is not claimed from
+        where.append(d.queue_not_paused)  # a paused queue is not claimed from
     where.append(f"operation IN ({_placeholders(operations)})")
     params.extend(operations)
+    # SQLite, without statistics, prefers durable_job_per_queue (the Queues page's
+    # index: state, queue, next_attempt_at match three terms) and then sorts every
+    # due job of the queue; the partial durable_job_due index reads them in order.
+    indexed = "" if d.pg or job_id is not None else " INDEXED BY durable_job_due"
     sql = (
-        f"SELECT id FROM {d.table} WHERE {' AND '.join(where)} "
+        f"SELECT id FROM {d.table}{indexed} WHERE {' AND '.join(where)} "
         f"ORDER BY priority DESC, next_attempt_at, id LIMIT 1{d.skip_locked if lock else ''}"
     )
     return sql, params

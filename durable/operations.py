@@ -164,6 +164,13 @@ class Operation:
     # for units whose only side effects are rows in this database: they become
     # exactly-once. Wrong for anything slow or external (it holds the write lock).
     atomic_units: ClassVar[bool] = False
+    # When ``total_units`` says the unit just run is the last, the engine asks
+    # ``units()`` for one more *before* that unit's commit, so that a "no more"
+    # lets the commit complete the job too (one transaction instead of two). A
+    # generator that decides from the results of the units it already yielded
+    # (reads UnitResult of the unit just run) must set this False: it is then
+    # asked only after each commit, and its job completes in a transaction of its own.
+    look_ahead: ClassVar[bool] = True
     # Seconds a unit may run. Past it the unit is asked to stop (should_stop();
     # raising Stopping then counts as a failed attempt, UnitTimeout). If it is
     # still running a grace period later, the worker process drains its other

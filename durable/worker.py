@@ -514,10 +514,17 @@ class Worker:
         next as usual. A generator that raises is committed past first, then
         its error is raised (``_Raised``). Never for atomic units (the look-ahead
         would run inside their transaction, holding the lock while it reads),
-        nor when the unit added events (they are numbered before completion).
+        nor when the unit added events (they are numbered before completion), nor
+        for an operation whose ``look_ahead`` is False (its generator reads the
+        results of the unit just run, which are not committed yet).
         """
         ctx = execution.ctx
-        if ctx.units_total is None or ctx.units_done + 1 < ctx.units_total or ctx.pending_events:
+        if (
+            not execution.op.look_ahead
+            or ctx.units_total is None
+            or ctx.units_done + 1 < ctx.units_total
+            or ctx.pending_events
+        ):
             return None
         try:
             ahead = next(pending, None)

@@ -112,6 +112,8 @@ class CopyDatabase(Operation):
     input_form = CopyForm
     # It deletes and writes the target's rows.
     access = Access.PRIVILEGED
+    # units() decides whether another tail is needed from the last tail's result.
+    look_ahead = False
 
     # --- enqueue -------------------------------------------------------------------
 
