@@ -474,7 +474,7 @@ class Worker:
                     state = self._commit(execution, unit, result)
             else:
                 result = self._unit_body(execution, unit)
-                ahead = self._look_ahead(execution, pending)
+                ahead = self._look_ahead(execution, unit, pending)
                 if ahead is _FINISHED:
                     execution.finishing = True
                     state = leases.finish_unit(
@@ -505,7 +505,7 @@ class Worker:
             raise ahead.error  # the unit is committed; now the generator's own failure
         return ahead
 
-    def _look_ahead(self, execution: Execution, pending: Iterator[Unit]) -> Any:
+    def _look_ahead(self, execution: Execution, unit: Unit, pending: Iterator[Unit]) -> Any:
         """Is the unit just run the job's last? Asked only when ``total_units`` says so.
 
         Then the generator is asked for one more unit before the commit: none
@@ -526,10 +526,17 @@ class Worker:
             or ctx.pending_events
         ):
             return None
+        # The generator resumes after the unit just run, so it sees the context as
+        # the commit will leave it (a scan that sets its final total from units_done
+        # would otherwise count one unit short).
+        checkpoint = ctx.checkpoint
+        ctx.units_done, ctx.checkpoint = ctx.units_done + 1, unit.checkpoint
         try:
             ahead = next(pending, None)
         except Exception as exc:
             return _Raised(exc)
+        finally:
+            ctx.units_done, ctx.checkpoint = ctx.units_done - 1, checkpoint
         if ahead is None:
             return None if ctx.pending_events else _FINISHED
         return ahead
