@@ -27,6 +27,16 @@ class RecoveryConfig(AppConfig):
             sources=sql.SOURCE_MODELS,
             rebuild=sql.rebuild,
         )
+        # The hourly throughput rollup is job history counted from the engine's tables,
+        # which these operations never move: not moved either, counted again lazily.
+        from .dashboard import rollup
+
+        register_derived(
+            "recovery.throughput",
+            tables=rollup.DERIVED_MODELS,
+            sources=rollup.SOURCE_MODELS,
+            rebuild=rollup.forget,
+        )
         register_journal("recovery.recoveryevent")
         # The standing schedules (ingest, retention) exist as soon as the tables do.
         post_migrate.connect(

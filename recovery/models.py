@@ -313,5 +313,10 @@ class IngestPath(models.Model):
         return self.path
 
 
-from .dashboard.models import DailyCount, SearchCursor  # noqa: E402,F401 - registers the models
+from .dashboard.models import (  # noqa: E402,F401 - registers the models
+    DailyCount,
+    SearchCursor,
+    ThroughputCount,
+    ThroughputHour,
+)
 from .imports.models import ImportRecord  # noqa: E402,F401 - registers the model

@@ -34,6 +34,8 @@ from durable.operations import Access, JobContext, Operation, Unit, register
 from durable.states import Action
 from recovery.records import record_event
 
+from . import rollup
+
 OPERATION = "recovery.bulk_action"
 BATCH_SIZE = 500
 FILTER_KEYS = ("q", "state", "operation", "error", "queue")
@@ -116,6 +118,7 @@ class BulkAction(Operation):
         owner = _owner(ctx.job_id)
         actor = owner.get_username() if owner is not None else ""
         if ctx.input["action"] == engine.DISCARD:  # finished jobs only, checked in the DELETE
+            rollup.count_before_deleting()  # the throughput history keeps them
             outcomes = engine.discard(unit.payload["ids"])
         else:
             outcomes = engine.act(ctx.input["action"], unit.payload["ids"], actor=actor)

@@ -17,20 +17,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.contrib import messages
-from django.core.cache import cache
 from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils import timezone
 from django.views.decorators.http import require_POST, require_safe
 
-from durable.models import Job, JobEvent, WorkerProcess, database_now
+from durable.models import Job, WorkerProcess, database_now
 from durable.policy import worker_alive
 from durable.queues import MAX_QUEUE_CHARS, pause_queue, paused_queues, resume_queue
 from durable.states import LEASED_STATES, JobState
 
-from . import audit, rights
+from . import audit, rights, rollup
 from . import throughput as tp
 from .access import held, refuse, staff_required, viewer_of
 from .query import clean_query, parse_choice
@@ -40,7 +38,6 @@ RECENT_STOPS = timedelta(hours=24)  # stopped workers shown this long
 WORKERS_SHOWN = 200  # live ones
 STOPPED_SHOWN = 50  # the newest of those that stopped within RECENT_STOPS
 LIVE_HORIZON = timedelta(hours=1)  # rows read to find live workers (each judged by its lease)
-HOURLY_CACHE_SECONDS = 60  # per-hour throughput charts are kept this long (per process)
 
 
 # --- workers ------------------------------------------------------------------------------
@@ -292,71 +289,6 @@ def queue_change(request: HttpRequest, change: str) -> HttpResponse:
 # --- throughput ---------------------------------------------------------------------------
 
 
-def slot_sql(column: str, step: timedelta, vendor: str) -> str:
-    """SQL of the slot (minute or hour, UTC) a timestamp column falls in, evaluated in C.
-
-    Not Django's TruncMinute: on SQLite that calls back into Python once per row, which
-    costs ~1 s for the 30,000 jobs a busy hour finishes. SQLite stores UTC text
-    ("2026-12-03 06:34:49.123456"), so a prefix of it is the slot.
-    """
-    hourly = step >= timedelta(hours=1)
-    if vendor == "postgresql":
-        return f"date_trunc('{'hour' if hourly else 'minute'}', {column} AT TIME ZONE 'UTC')"
-    return f"substr({column}, 1, {13 if hourly else 16})"
-
-
-def parse_slot(value: Any) -> datetime:
-    """A slot as ``slot_sql`` returns it (text on SQLite, a naive UTC timestamp on
-    PostgreSQL) as an aware UTC datetime."""
-    if isinstance(value, str):
-        text = value if len(value) > 13 else f"{value}:00"
-        return datetime.fromisoformat(text).replace(tzinfo=UTC)
-    return value.replace(tzinfo=UTC) if timezone.is_naive(value) else value.astimezone(UTC)
-
-
-def throughput_counts(
-    start: datetime, range_name: str, *, queue: str = "", operation: str = ""
-) -> dict[tuple[datetime, str], int]:
-    """(slot, kind) → count since ``start``: two grouped queries on indexed columns
-    (``durable_job_finished``; the retry events' partial index, whose condition the
-    query states literally so that SQLite uses it)."""
-    step = tp.RANGES[range_name][0]
-    vendor = connection.vendor
-    jobs_table = connection.ops.quote_name(Job._meta.db_table)
-    events_table = connection.ops.quote_name(JobEvent._meta.db_table)
-    since = connection.ops.adapt_datetimefield_value(start)
-    narrow, narrow_params = "", []
-    if queue:
-        narrow += " AND j.queue = %s"
-        narrow_params.append(queue)
-    if operation:
-        narrow += " AND j.operation = %s"
-        narrow_params.append(operation)
-    counts: dict[tuple[datetime, str], int] = {}
-    # Only quoted table names and fixed fragments are formatted in; values are parameters.
-    job_slot = slot_sql("j.finished_at", step, vendor)
-    event_slot = slot_sql("e.created_at", step, vendor)
-    finished = (
-        f"SELECT {job_slot}, j.state, count(*) FROM {jobs_table} j "  # noqa: S608
-        f"WHERE j.finished_at >= %s{narrow} GROUP BY 1, 2"
-    )
-    join = f" JOIN {jobs_table} j ON j.id = e.job_id" if narrow else ""
-    retried = (
-        f"SELECT {event_slot}, 'retried', count(*) FROM {events_table} e{join} "  # noqa: S608
-        f"WHERE e.kind = 'retry_scheduled' AND e.created_at >= %s{narrow} GROUP BY 1"
-    )
-    with connection.cursor() as cursor:
-        for sql_text in (finished, retried):
-            cursor.execute(sql_text, [since, *narrow_params])
-            for slot, kind, n in cursor.fetchall():
-                if kind not in tp.KINDS:
-                    continue  # cancelled: not filtered in SQL, so that only the
-                    # finished_at index applies (a state index would need every row)
-                key = (parse_slot(slot), kind)
-                counts[key] = counts.get(key, 0) + n
-    return counts
-
-
 def throughput_context(request: HttpRequest, now: datetime) -> dict[str, Any]:
     """The chart and its controls, from ``?range=&queue=&operation=`` (forgiving)."""
     range_name = parse_choice(request.GET.get("range"), tuple(tp.RANGES), "hour")
@@ -364,16 +296,11 @@ def throughput_context(request: HttpRequest, now: datetime) -> dict[str, Any]:
     operation = clean_query(request.GET.get("operation"), 100)
     start = tp.first_slot(now, range_name)
     if tp.RANGES[range_name][0] >= timedelta(hours=1):
-        # Hourly slots over a day or a week read every job finished in them (80,000 in
-        # the benchmark: ~80 ms); such a chart needs no fresher numbers than a minute old.
-        key = f"problems:throughput:{range_name}:{start:%Y%m%d%H}:{queue}:{operation}"
-        counts = cache.get_or_set(
-            key,
-            lambda: throughput_counts(start, range_name, queue=queue, operation=operation),
-            HOURLY_CACHE_SECONDS,
-        )
+        # Hourly slots over a day or a week: settled hours from the durable rollup
+        # (counted once, the first time a chart needs them), the newest live.
+        counts = rollup.hourly_counts(start, now, range_name, queue=queue, operation=operation)
     else:
-        counts = throughput_counts(start, range_name, queue=queue, operation=operation)
+        counts = rollup.live_counts(start, range_name, queue=queue, operation=operation)
     return {
         "throughput": tp.throughput(tp.series(counts, now, range_name), range_name),
         "tp_range": range_name,

@@ -36,7 +36,7 @@ from durable.states import JobState, OnRestart
 from durable.tasks.describe import task_detail, task_summary
 from recovery.models import RecoveryEvent
 
-from . import audit, console, rights
+from . import audit, console, rights, rollup
 from .access import (
     allowed_actions,
     can_act,
@@ -63,13 +63,14 @@ ENGINE_ACTIONS = {
     "resume": engine.resume,
     "cancel": engine.cancel,
     "retry": engine.retry_now,
-    "discard": lambda job_id, actor: engine.discard([job_id])[0],
+    "discard": lambda job_id, actor: apply_to("discard", [job_id], actor)[0],
 }
 
 
 def apply_to(action: str, ids: list[int], actor: str) -> list[Any]:
     """The engine's outcomes of ``action`` on ``ids`` (discard deletes: its own call)."""
     if action == "discard":
+        rollup.count_before_deleting()  # the throughput history keeps them
         return engine.discard(ids)
     return engine.act(action, ids, actor=actor)
 

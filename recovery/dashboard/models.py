@@ -51,3 +51,38 @@ class SearchCursor(models.Model):
 
     def __str__(self) -> str:
         return f"indexed up to {self.indexed_upto}"
+
+
+class ThroughputHour(models.Model):
+    """A closed hour of job history already counted into ``ThroughputCount`` (see
+    ``recovery.dashboard.rollup``): its counts are read from there, never recounted."""
+
+    hour = models.DateTimeField(unique=True, help_text="Start of the hour, UTC.")
+    counted_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "recovery_throughputhour"
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H}h counted"
+
+
+class ThroughputCount(models.Model):
+    """Jobs completed, failed and retried in one closed hour, per queue and operation."""
+
+    hour = models.DateTimeField()
+    queue = models.CharField(max_length=64)
+    operation = models.CharField(max_length=100)
+    kind = models.CharField(max_length=12)  # completed | failed | retried
+    count = models.PositiveIntegerField()
+
+    class Meta:
+        db_table = "recovery_throughputcount"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["hour", "queue", "operation", "kind"], name="recovery_throughput_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H}h {self.queue}/{self.operation}: {self.count} {self.kind}"

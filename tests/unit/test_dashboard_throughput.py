@@ -37,3 +37,23 @@ def test_throughput__stacks_kinds_on_a_nice_scale():
     assert chart.labels[-1][1] == "10:30"
     assert not chart.empty
     assert t.throughput(t.series({}, NOW, "day"), "day").empty
+
+
+def test_settled_until__an_hour_is_counted_for_good_only_after_it_settled():
+    from recovery.dashboard.rollup import SETTLE, settled_until
+
+    ten = datetime(2026, 12, 3, 10, tzinfo=UTC)
+    assert settled_until(ten + SETTLE - timedelta(seconds=1)) == ten - timedelta(hours=1)
+    assert settled_until(ten + SETTLE) == ten  # 9h closed SETTLE ago: counted from now on
+    assert settled_until(NOW) == ten
+
+
+def test_hours_between__whole_hours_from_the_first_full_one():
+    from recovery.dashboard.rollup import hours_between
+
+    ten = datetime(2026, 12, 3, 10, tzinfo=UTC)
+    assert hours_between(ten, ten) == []
+    assert hours_between(ten, ten + timedelta(hours=2)) == [ten, ten + timedelta(hours=1)]
+    assert hours_between(ten + timedelta(minutes=1), ten + timedelta(hours=2)) == [
+        ten + timedelta(hours=1)
+    ]

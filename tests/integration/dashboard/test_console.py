@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.core.cache import cache
 from django.urls import reverse
 from django.utils import timezone
 
@@ -17,28 +16,9 @@ from recovery.models import RecoveryEvent
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture(autouse=True)
-def fresh_cache():
-    """Per-hour throughput is cached for a minute: each test starts without it."""
-    cache.clear()
-    yield
-    cache.clear()
-
-
 @pytest.fixture
 def admin(client_for):
     return client_for("admin")
-
-
-def test_hourly_throughput__is_cached_for_a_minute_and_the_minute_chart_is_live(admin):
-    url = reverse("problems:queues")
-    assert "0 completed" in admin.get(url, {"range": "day"}).content.decode()
-    job = jobs.enqueue("durable.noop", {})
-    Job.objects.filter(pk=job.pk).update(state="completed", finished_at=timezone.now())
-    assert "0 completed" in admin.get(url, {"range": "day"}).content.decode()  # cached
-    assert "1 completed" in admin.get(url, {"range": "hour"}).content.decode()  # live
-    cache.clear()
-    assert "1 completed" in admin.get(url, {"range": "day"}).content.decode()
 
 
 def test_queues_page__counts_flags_unserved_and_pauses_with_audit(admin):
