@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -200,6 +200,16 @@ def request_digest(method: str, path: str, data: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def _with_defaults(submission: Any, *, queue: str, priority: int, on_restart: str) -> Any:
+    """A (batch) submission with every None option replaced by the operation's value."""
+    return replace(
+        submission,
+        queue=submission.queue or queue,
+        priority=priority if submission.priority is None else submission.priority,
+        on_restart=submission.on_restart or str(on_restart),
+    )
+
+
 @dataclass(frozen=True)
 class Submission:
     """A parsed ``POST /jobs`` body; None: the operation's default (``with_defaults``)."""
@@ -212,22 +222,10 @@ class Submission:
 
     def with_defaults(self, *, queue: str, priority: int, on_restart: str) -> Submission:
         """Every None replaced by the operation's value, as ``enqueue`` would."""
-        return Submission(
-            self.operation,
-            self.input,
-            self.queue or queue,
-            priority if self.priority is None else self.priority,
-            self.on_restart or str(on_restart),
-        )
+        return _with_defaults(self, queue=queue, priority=priority, on_restart=on_restart)
 
     def fields(self) -> dict[str, Any]:
-        return {
-            "operation": self.operation,
-            "input": self.input,
-            "queue": self.queue,
-            "priority": self.priority,
-            "on_restart": self.on_restart,
-        }
+        return asdict(self)
 
 
 def _priority(value: Any, errors: list[FieldError]) -> int | None:
@@ -298,22 +296,10 @@ class BatchSubmission:
 
     def with_defaults(self, *, queue: str, priority: int, on_restart: str) -> BatchSubmission:
         """Every None replaced by the operation's value, as ``enqueue_many`` would."""
-        return BatchSubmission(
-            self.operation,
-            self.inputs,
-            self.queue or queue,
-            priority if self.priority is None else self.priority,
-            self.on_restart or str(on_restart),
-        )
+        return _with_defaults(self, queue=queue, priority=priority, on_restart=on_restart)
 
     def fields(self) -> dict[str, Any]:
-        return {
-            "operation": self.operation,
-            "inputs": self.inputs,
-            "queue": self.queue,
-            "priority": self.priority,
-            "on_restart": self.on_restart,
-        }
+        return asdict(self)
 
 
 def parse_batch(data: Mapping[str, Any]) -> BatchSubmission:

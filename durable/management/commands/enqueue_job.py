@@ -11,6 +11,8 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -49,17 +51,7 @@ class Command(BaseCommand):
             data = json.loads(options["input"])
         except json.JSONDecodeError as exc:
             raise CommandError(f"--input is not JSON: {exc}") from None
-        try:
-            job = enqueue(
-                options["operation"],
-                data,
-                owner=options["owner"],
-                queue=options["queue"],
-                priority=options["priority"],
-                on_restart=options["on_restart"],
-            )
-        except (InputRejected, UnknownOperation) as exc:
-            raise CommandError(str(exc)) from None
+        job = _refusing(enqueue, options, data)
         self.stdout.write(f"enqueued job {job.pk} ({job.operation})")
         if options["wait"]:
             job = wait_for(job.pk, self.stdout)
@@ -67,18 +59,7 @@ class Command(BaseCommand):
                 raise CommandError(f"job {job.pk} ended {job.state}: {job.reason}")
 
     def _enqueue_many(self, options: dict) -> None:
-        inputs = read_json_lines(options["inputs"])
-        try:
-            jobs = enqueue_many(
-                options["operation"],
-                inputs,
-                owner=options["owner"],
-                queue=options["queue"],
-                priority=options["priority"],
-                on_restart=options["on_restart"],
-            )
-        except (InputRejected, UnknownOperation) as exc:
-            raise CommandError(str(exc)) from None
+        jobs = _refusing(enqueue_many, options, read_json_lines(options["inputs"]))
         created = [job.pk for job in jobs if job.created]
         existing = len(jobs) - len(created)
         span = f" (ids {min(created)}-{max(created)})" if created else ""
@@ -139,3 +120,18 @@ def wait_for(job_id: int, out: object, interval: float = 0.5) -> Job:
                 sys.stdout.write("\n")
             return job
         time.sleep(interval)
+
+
+def _refusing(enqueuer: Callable[..., Any], options: dict, data: Any) -> Any:
+    """``enqueue`` or ``enqueue_many`` with the command's options; a refusal is a CommandError."""
+    try:
+        return enqueuer(
+            options["operation"],
+            data,
+            owner=options["owner"],
+            queue=options["queue"],
+            priority=options["priority"],
+            on_restart=options["on_restart"],
+        )
+    except (InputRejected, UnknownOperation) as exc:
+        raise CommandError(str(exc)) from None
