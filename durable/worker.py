@@ -14,7 +14,6 @@ not more threads: units are mostly I/O, and processes isolate crashes.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import random
@@ -406,14 +405,13 @@ class Worker:
                 ctx.units_total = op.total_units(ctx)
             units = op.units(ctx)
             pending = iter(units)
-            while (unit := next(pending, None)) is not None:
+            ahead: Any = None  # a unit the look-ahead already took from the generator
+            while (unit := ahead if ahead is not None else next(pending, None)) is not None:
                 if self._at_boundary(execution):
                     return
                 ahead = self._run_unit(execution, unit, pending)
                 if ahead is _FINISHED:
                     return  # the last unit's commit completed the job
-                if ahead is not None:
-                    pending = itertools.chain([ahead], pending)
             faults.reach("before_complete")
             execution.finishing = True
             leases.complete(lease)
