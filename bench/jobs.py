@@ -12,7 +12,10 @@ claim and the finish, not the unit. Printed, in one run on the database of
   transaction (measured before and after the workers; the ratios use the mean);
 - the drain rate of N one-unit ``durable.noop`` jobs by one ``runworker
   --burst`` process at ``--concurrency 1`` and ``8`` (window: first claim to
-  last completion, process start-up excluded), as ratios of those rates;
+  last completion, process start-up excluded), as ratios of those rates, and
+  how many claim statements each drain took; ``8`` once more with
+  ``--claim-batch 1`` (every thread claiming alone), and the ratio of the two
+  (issue 12's item 5: does sharing a claim pay?);
 - enqueue rates: ``enqueue()`` one job per transaction, and ``enqueue_many``
   of ``--bulk`` jobs in one call;
 - the enqueue→start latency (p50/p95) of ``--pings`` jobs enqueued one at a
@@ -107,8 +110,12 @@ def _worker_cmd(*extra: str) -> list[str]:
     return [sys.executable, "manage.py", "runworker", *extra]
 
 
-def drain(count: int, concurrency: int) -> float:
-    """Jobs/s of one burst worker process draining ``count`` one-unit jobs."""
+def drain(count: int, concurrency: int, claim_batch: int | None = None) -> tuple[float, int]:
+    """(jobs/s, claim statements) of one burst worker process draining ``count`` one-unit jobs.
+
+    The claim statements are counted from the jobs: every job one statement
+    claimed has that statement's ``started_at``.
+    """
     from django.db.models import Max, Min
 
     from durable.models import Job
@@ -117,6 +124,8 @@ def drain(count: int, concurrency: int) -> float:
     _fill(count)
     env = {**os.environ, "LOG_LEVEL": "WARNING"}
     cmd = _worker_cmd("--burst", "--concurrency", str(concurrency))
+    if claim_batch is not None:
+        cmd += ["--claim-batch", str(claim_batch)]
     proc = subprocess.run(cmd, cwd=BASE_DIR, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"worker exited {proc.returncode}")
@@ -124,7 +133,8 @@ def drain(count: int, concurrency: int) -> float:
     if states != {"completed"}:
         raise SystemExit(f"jobs ended {states}")
     window = Job.objects.aggregate(start=Min("started_at"), end=Max("finished_at"))
-    return count / (window["end"] - window["start"]).total_seconds()
+    claims = Job.objects.values("started_at").distinct().count()
+    return count / (window["end"] - window["start"]).total_seconds(), claims
 
 
 def enqueue_single(seconds: float) -> float:
@@ -210,7 +220,10 @@ def main() -> None:
         return
     update_1, pair_1 = raw_rates(args.raw_seconds)
     print(f"raw commits: UPDATE {update_1:,.0f} tx/s; UPDATE+INSERT {pair_1:,.0f} tx/s")
-    drains = {c: drain(args.jobs, c) for c in (1, 8)}
+    # Concurrency 8 twice: with the claim desk as shipped, and with every
+    # thread claiming alone (--claim-batch 1), the baseline of issue 12 item 5.
+    runs = {"1": (1, None), "8": (8, None), "8, --claim-batch 1": (8, 1)}
+    drains = {name: drain(args.jobs, c, batch) for name, (c, batch) in runs.items()}
     single = enqueue_single(args.raw_seconds)
     bulk = enqueue_bulk(args.bulk)
     samples = latency(args.pings)
@@ -219,11 +232,17 @@ def main() -> None:
     update, pair = (update_1 + update_2) / 2, (pair_1 + pair_2) / 2
     base, base_name = (update, "UPDATE") if pg else (pair, "UPDATE+INSERT")
     targets = {1: 0.20 if pg else 0.08, 8: 0.30 if pg else 0.10}
-    for c, rate in drains.items():
+    for name, (rate, claims) in drains.items():
+        target = targets[runs[name][0]]
         print(
-            f"drain {args.jobs} one-unit jobs, 1 process, --concurrency {c}: {rate:,.0f} jobs/s "
-            f"= {rate / base:.2f} x raw {base_name} (target >= {targets[c]:.2f})"
+            f"drain {args.jobs} one-unit jobs, 1 process, --concurrency {name}: "
+            f"{rate:,.0f} jobs/s = {rate / base:.2f} x raw {base_name} (target >= {target:.2f}); "
+            f"{claims:,} claim statements, {args.jobs / claims:.2f} jobs each"
         )
+    shared, alone = drains["8"][0], drains["8, --claim-batch 1"][0]
+    print(
+        f"claim desk at --concurrency 8: {shared / alone:.2f} x the drain of threads claiming alone"
+    )
     print(f"enqueue(), one per transaction: {single:,.0f} jobs/s = {single / pair:.2f} x raw pair")
     if bulk is None:
         print("enqueue_many: not available in this version")

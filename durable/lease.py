@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -37,6 +40,7 @@ from .states import LEASED_STATES, JobState
 log = logging.getLogger("durable.lease")
 
 MAX_RESULT_BYTES = 64 * 1024
+CLAIM_EVENTS_PER_INSERT = 200  # SQLite binds 4 values per started event
 MAX_TURN_AWAY_REASONS = 4  # distinct reasons a coalesced "rescheduled" event lists
 _LEASED = tuple(str(state) for state in LEASED_STATES)
 FINISH_CANCEL_MESSAGE = "stopped at a unit boundary"  # the cancelled event at a boundary
@@ -254,6 +258,42 @@ def now_under_lock() -> datetime:
     return timezone.now()
 
 
+_hot_writers = threading.Lock()  # this process's threads, in turn (_sqlite_write)
+
+
+@contextmanager
+def _sqlite_write(conn: Any, cursor: Any) -> Iterator[None]:
+    """SQLite: one hot-path write transaction (BEGIN IMMEDIATE … COMMIT) on the DB-API cursor.
+
+    The threads of one process queue for it on a lock of their own. SQLite's
+    busy handler is no queue: a thread that finds the write lock taken sleeps
+    1, 2, 5, 10 … ms before it looks again, while the claims and commits of a
+    worker's other threads hold it for a fraction of a millisecond each — so
+    eight threads spent more time asleep than writing. Other processes still
+    meet at SQLite's lock, announced through ``durable.turns``. The body must
+    run no user code: a unit waiting here for a thread of its own would wait
+    forever. ROLLBACK on any error, even when COMMIT itself failed: Django's
+    autocommit connection is never left inside a transaction. Raise
+    ``_Rollback`` in the body to roll back quietly (a lost lease).
+    """
+    with _hot_writers:
+        with turns.waiting(conn):  # others give way to us (durable.turns)
+            cursor.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            cursor.execute("COMMIT")
+        except _Rollback:
+            cursor.execute("ROLLBACK")
+        except BaseException:
+            if conn.connection.in_transaction:
+                cursor.execute("ROLLBACK")
+            raise
+
+
+class _Rollback(Exception):
+    """Inside ``_sqlite_write``: end the transaction with ROLLBACK, raising nothing."""
+
+
 # --- claim -----------------------------------------------------------------------
 
 
@@ -264,8 +304,9 @@ def pick_sql(
     operations: list[str],
     job_id: int | None = None,
     lock: bool = True,
+    limit: int = 1,
 ) -> tuple[str, list[Any]]:
-    """The SELECT that picks the next due job; an index range scan on durable_job_due.
+    """The SELECT that picks the next ``limit`` due jobs; an index range scan on durable_job_due.
 
     ``lock=False``: a plain read (the wake-up's "is anything due?"). Both claim
     statements and that read use this one SELECT, so a further condition (a
@@ -289,7 +330,8 @@ def pick_sql(
     indexed = "" if d.pg or job_id is not None else " INDEXED BY durable_job_due"
     sql = (
         f"SELECT id FROM {d.table}{indexed} WHERE {' AND '.join(where)} "
-        f"ORDER BY priority DESC, next_attempt_at, id LIMIT 1{d.skip_locked if lock else ''}"
+        f"ORDER BY priority DESC, next_attempt_at, id LIMIT {int(limit)}"
+        f"{d.skip_locked if lock else ''}"
     )
     return sql, params
 
@@ -312,52 +354,71 @@ def claim(
     on PostgreSQL in the same statement, on SQLite in the same transaction.
     The returned job's ``has_results`` says whether any unit result exists.
     """
-    if not operations or (not queues and job_id is None):
-        return None
+    claimed = claim_many(
+        owner,
+        1,
+        queues=queues,
+        operations=operations,
+        lease_seconds=lease_seconds,
+        job_id=job_id,
+    )
+    return claimed[0] if claimed else None
+
+
+def claim_many(
+    owner: str,
+    count: int,
+    *,
+    queues: list[str],
+    operations: list[str],
+    lease_seconds: float,
+    job_id: int | None = None,
+) -> list[tuple[Lease, Job]]:
+    """Claim up to ``count`` due jobs in the one round trip ``claim`` takes for one.
+
+    For a worker whose threads want ``count`` jobs at the same moment
+    (``durable.worker``'s claim desk): the statements are those of a single
+    claim with ``LIMIT count``, so a deep queue costs one commit per group of
+    threads instead of one per thread. Each job gets its own epoch and
+    ``started`` event, exactly as if claimed alone. Highest priority first.
+    The caller must start every job it gets now: each is leased, and a death
+    before its first unit spends an attempt.
+    """
+    if count < 1 or not operations or (not queues and job_id is None):
+        return []
     conn = connections[DEFAULT_DB_ALIAS]
     d = _dialect()
+    args = (d, owner, queues, operations, lease_seconds, job_id, count)
     if conn.in_atomic_block:
         # Inside a caller's transaction (tests, run_job under atomic): the same
         # statements through Django's cursor, in a savepoint.
         with transaction.atomic(), conn.cursor() as cursor:
-            if d.pg:
-                row = _claim_pg(cursor, d, owner, queues, operations, lease_seconds, job_id)
-            else:
-                row = _claim_sqlite(cursor, d, owner, queues, operations, lease_seconds, job_id)
+            rows = _claim_pg(cursor, *args) if d.pg else _claim_sqlite(cursor, *args)
     else:
         with conn.wrap_database_errors:
             conn.ensure_connection()
             cursor = conn.connection.cursor()
             try:
                 if d.pg:
-                    row = _claim_pg(
-                        cursor, d, owner, queues, operations, lease_seconds, job_id, raw=True
-                    )
+                    rows = _claim_pg(cursor, *args)
                 else:
                     # BEGIN IMMEDIATE first: the lease's expiry is computed once
-                    # the write lock is held, never before a wait for it; others
-                    # see us waiting and give way (durable.turns).
-                    with turns.waiting(conn):
-                        cursor.execute("BEGIN IMMEDIATE")
-                    try:
-                        row = _claim_sqlite(
-                            cursor, d, owner, queues, operations, lease_seconds, job_id, raw=True
-                        )
-                        cursor.execute("COMMIT")
-                    except BaseException:
-                        if conn.connection.in_transaction:
-                            cursor.execute("ROLLBACK")
-                        raise
+                    # the write lock is held, never before a wait for it.
+                    with _sqlite_write(conn, cursor):
+                        rows = _claim_sqlite(cursor, *args, raw=True)
             finally:
                 cursor.close()
-    if row is None:
-        return None
-    job = d.job_from_row(conn, row[:-1])
-    job.has_results = bool(row[-1])
-    lease = Lease(job.pk, owner, job.lease_epoch)
-    data = {"worker": owner, "epoch": job.lease_epoch, "attempt": job.attempts + 1}
-    announce_change(job, JobState.QUEUED, "started", "", data)
-    return lease, job
+    claimed = []
+    for row in rows:
+        job = d.job_from_row(conn, row[:-1])
+        job.has_results = bool(row[-1])
+        claimed.append((Lease(job.pk, owner, job.lease_epoch), job))
+    # RETURNING keeps no order: the pick's, so the first thread served gets the first job.
+    claimed.sort(key=lambda pair: (-pair[1].priority, pair[1].next_attempt_at, pair[1].pk))
+    for _, job in claimed:
+        data = {"worker": owner, "epoch": job.lease_epoch, "attempt": job.attempts + 1}
+        announce_change(job, JobState.QUEUED, "started", "", data)
+    return claimed
 
 
 def _claim_pg(
@@ -368,31 +429,35 @@ def _claim_pg(
     operations: list[str],
     lease_seconds: float,
     job_id: int | None,
-    *,
-    raw: bool = False,
-) -> tuple | None:
-    """One statement: the claim, its ``started`` event, and the row with ``has_results``.
+    count: int,
+) -> list[tuple]:
+    """One statement: the claims, their ``started`` events, the rows with ``has_results``.
 
-    The pick locks the row (SKIP LOCKED) before the UPDATE forms it, so
+    The pick locks the rows (SKIP LOCKED) before the UPDATE forms them, so
     ``clock_timestamp()`` is read after any wait; ``now`` only stamps times.
     """
     now = now_under_lock()
-    pick, params = pick_sql(now, queues=queues, operations=operations, job_id=job_id)
+    pick, params = pick_sql(now, queues=queues, operations=operations, job_id=job_id, limit=count)
+    # The pick is its own materialised CTE: run once, its rows locked once. As
+    # ``id IN (subquery)`` the planner may join against the subquery and run it
+    # again, and an UPDATE would then claim more jobs than LIMIT.
     sql = (
-        f"WITH claimed AS (UPDATE {d.table} SET state = 'running', lease_owner = %s, "
+        f"WITH picked AS MATERIALIZED ({pick}), "
+        f"claimed AS (UPDATE {d.table} SET state = 'running', lease_owner = %s, "
         f"lease_expires_at = clock_timestamp() + make_interval(secs => %s), "
         f"lease_epoch = lease_epoch + 1, started_at = COALESCE(started_at, %s), "
         f"units_at_claim = units_done, "  # a death after progress spends no attempt
         f"updated_at = %s, event_seq = event_seq + 1 "
-        f"WHERE id = ({pick}) AND state = 'queued' RETURNING {d.job_columns}), "
+        f"WHERE id IN (SELECT id FROM picked) AND state = 'queued' "
+        f"RETURNING {d.job_columns}), "
         f"started AS (INSERT INTO {d.events} (job_id, seq, kind, message, data, created_at) "
         f"SELECT id, event_seq, 'started', '', jsonb_build_object('worker', lease_owner, "
         f"'epoch', lease_epoch, 'attempt', attempts + 1), %s FROM claimed) "
         f"SELECT {d.job_columns}, EXISTS (SELECT 1 FROM {d.results} r "
         f"WHERE r.job_id = claimed.id) FROM claimed"
     )
-    cursor.execute(sql, [owner, lease_seconds, now, now, *params, now])
-    return cursor.fetchone()
+    cursor.execute(sql, [*params, owner, lease_seconds, now, now, now])
+    return cursor.fetchall()
 
 
 def _claim_sqlite(
@@ -403,19 +468,23 @@ def _claim_sqlite(
     operations: list[str],
     lease_seconds: float,
     job_id: int | None,
+    count: int,
     *,
     raw: bool = False,
-) -> tuple | None:
-    """Inside the write transaction: the claim returning the row, then its event."""
+) -> list[tuple]:
+    """Inside the write transaction: the claims returning their rows, then their events."""
     now = now_under_lock()  # the lease cannot start out expired
     adapt = connection.ops.adapt_datetimefield_value
-    pick, params = pick_sql(now, queues=queues, operations=operations, job_id=job_id)
+    pick, params = pick_sql(now, queues=queues, operations=operations, job_id=job_id, limit=count)
+    # One job: the scalar subquery finds the row by its key. Several: a list,
+    # which SQLite evaluates once.
+    target = f"id = ({pick})" if count == 1 else f"id IN ({pick})"
     sql = (
         f"UPDATE {d.table} SET state = 'running', lease_owner = %s, lease_expires_at = %s, "
         f"lease_epoch = lease_epoch + 1, started_at = COALESCE(started_at, %s), "
         f"units_at_claim = units_done, "  # a death after progress spends no attempt
         f"updated_at = %s, event_seq = event_seq + 1 "
-        f"WHERE id = ({pick}) AND state = 'queued' RETURNING {d.job_columns}, "
+        f"WHERE {target} AND state = 'queued' RETURNING {d.job_columns}, "
         f"EXISTS (SELECT 1 FROM {d.results} r WHERE r.job_id = {d.table}.id)"
     )
     later = adapt(now + timedelta(seconds=lease_seconds))
@@ -423,17 +492,26 @@ def _claim_sqlite(
     if raw:
         sql = sql.replace("%s", "?")
     cursor.execute(sql, values)
-    row = cursor.fetchone()
-    if row is None:
-        return None
-    job_id, epoch, seq, attempts = (row[d.column_index[name]] for name in d.claim_facts)
-    data = _encode({"worker": owner, "epoch": epoch, "attempt": attempts + 1})
-    insert = (
-        f"INSERT INTO {d.events} (job_id, seq, kind, message, data, created_at) "
-        f"VALUES (%s, %s, 'started', '', %s, %s)"
-    )
-    cursor.execute(insert.replace("%s", "?") if raw else insert, [job_id, seq, data, adapt(now)])
-    return row
+    rows = cursor.fetchall()
+    if not rows:
+        return rows
+    stamp = adapt(now)
+    events: list[tuple] = []
+    for row in rows:
+        job_id, epoch, seq, attempts = (row[d.column_index[name]] for name in d.claim_facts)
+        data = _encode({"worker": owner, "epoch": epoch, "attempt": attempts + 1})
+        events.append((job_id, seq, data, stamp))
+    # One INSERT for every event (a worker's few); groups keep it under SQLite's
+    # limit on bound variables for any count.
+    for start in range(0, len(events), CLAIM_EVENTS_PER_INSERT):
+        group = events[start : start + CLAIM_EVENTS_PER_INSERT]
+        insert = (
+            f"INSERT INTO {d.events} (job_id, seq, kind, message, data, created_at) VALUES "
+            + ", ".join(["(%s, %s, 'started', '', %s, %s)"] * len(group))
+        )
+        values = [value for event in group for value in event]
+        cursor.execute(insert.replace("%s", "?") if raw else insert, values)
+    return rows
 
 
 # --- renewal, fencing, checkpoints -----------------------------------------------
@@ -625,21 +703,14 @@ def _commit_direct(conn: Any, d: _Dialect, bind: Any) -> tuple | None:
                 params, result = bind()
                 cursor.execute(d.commit_one_sql, params + result)
                 return cursor.fetchone()
-            with turns.waiting(conn):  # others give way to us (durable.turns)
-                cursor.execute("BEGIN IMMEDIATE")
-            try:
+            row = None
+            with _sqlite_write(conn, cursor):
                 params, result = bind()
                 cursor.execute(d.commit_sql, params)
                 row = cursor.fetchone()
-                if row is not None:
-                    cursor.execute(d.result_sql, [params[-3], *result])
-                cursor.execute("COMMIT" if row is not None else "ROLLBACK")
-            except BaseException:
-                # Never leave Django's autocommit connection inside a transaction,
-                # not even when COMMIT itself failed.
-                if conn.connection.in_transaction:
-                    cursor.execute("ROLLBACK")
-                raise
+                if row is None:
+                    raise _Rollback
+                cursor.execute(d.result_sql, [params[-3], *result])
             return row
         finally:
             cursor.close()
@@ -742,15 +813,11 @@ def _run_direct(conn: Any, d: _Dialect, run: Any) -> tuple | None:
         try:
             if d.pg:
                 return run(cursor)
-            with turns.waiting(conn):  # others give way to us (durable.turns)
-                cursor.execute("BEGIN IMMEDIATE")
-            try:
+            row = None
+            with _sqlite_write(conn, cursor):
                 row = run(cursor)
-                cursor.execute("COMMIT" if row is not None else "ROLLBACK")
-            except BaseException:
-                if conn.connection.in_transaction:
-                    cursor.execute("ROLLBACK")
-                raise
+                if row is None:
+                    raise _Rollback
             return row
         finally:
             cursor.close()

@@ -23,8 +23,8 @@ from django.utils import timezone
 
 from durable import jobs
 from durable.errors import InputRejected, LeaseLost
-from durable.lease import claim, finish_unit
-from durable.models import Job, JobEvent, UnitResult
+from durable.lease import claim, claim_many, finish_unit
+from durable.models import Job, JobEvent, PausedQueue, UnitResult
 from durable.operations import registered
 from durable.worker import Worker
 from tests.conftest import wait_until
@@ -277,6 +277,104 @@ def test_statements__an_empty_claim_is_one_statement():
         assert claim("w", queues=["default"], operations=["durable.noop"], lease_seconds=30) is None
     expected = 1  # PostgreSQL: the claim statement; SQLite: the UPDATE (BEGIN/COMMIT aside)
     assert summary(log)[0] == expected, log
+
+
+# --- one claim for the threads that want a job at the same moment -------------------------
+
+
+def test_claim_many__due_jobs_in_priority_order_each_as_if_claimed_alone():
+    low = jobs.enqueue("durable.noop", {"units": 1}, priority=0)
+    high = jobs.enqueue("durable.noop", {"units": 1}, priority=5)
+    middle = jobs.enqueue("durable.noop", {"units": 1}, priority=2)
+    later = jobs.enqueue("durable.noop", {}, run_after=timezone.now() + timedelta(hours=1))
+    paused = jobs.enqueue("durable.noop", {"units": 1}, queue="mail")
+    PausedQueue.objects.create(queue="mail")
+    claimed = claim_many(
+        "group", 10, queues=["default", "mail"], operations=["durable.noop"], lease_seconds=30
+    )
+    assert [job.pk for _, job in claimed] == [high.pk, middle.pk, low.pk]
+    for lease_, job in claimed:
+        assert (lease_.job_id, lease_.owner, lease_.epoch) == (job.pk, "group", 1)
+        assert job.has_results is False
+        job.refresh_from_db()
+        assert (job.state, job.lease_owner, job.lease_epoch) == ("running", "group", 1)
+        assert list(job.events.values_list("seq", "kind", "data")) == [
+            (1, "enqueued", {"owner": "", "queue": "default"}),
+            (2, "started", {"worker": "group", "epoch": 1, "attempt": 1}),
+        ]
+    assert Job.objects.get(pk=later.pk).state == "queued"  # not due
+    assert Job.objects.get(pk=paused.pk).state == "queued"  # its queue is paused
+    assert claim_many("group", 3, queues=["default"], operations=["durable.noop"],
+                      lease_seconds=30) == []  # fmt: skip
+
+
+@pytest.mark.django_db(transaction=True)
+def test_statements__a_claim_for_three_threads_is_the_statements_of_a_claim_for_one():
+    for _ in range(4):
+        jobs.enqueue("durable.noop", {"units": 1})
+    with driver_log() as claiming:
+        claimed = claim_many(
+            "group", 3, queues=["default"], operations=["durable.noop"], lease_seconds=30
+        )
+    assert len(claimed) == 3
+    expected = (1, 1) if connection.vendor == "postgresql" else (2, 1)
+    assert summary(claiming) == expected, claiming
+    assert JobEvent.objects.filter(kind="started").count() == 3
+    assert Job.objects.filter(state="queued").count() == 1
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_claim_desk__a_deep_queue_is_claimed_in_groups_and_every_job_runs_once(workers):
+    """A real worker with 4 threads drains 300 one-unit jobs: fewer claim statements
+    than jobs (the jobs one statement claimed share its ``started_at``), and every job
+    started once and completed once, its events numbered without a gap."""
+    jobs.enqueue_many("durable.noop", [{"units": 1}] * 300)
+    proc = workers.run("--concurrency", "4", timeout=120)
+    assert proc.returncode == 0, workers.log(proc)
+    assert set(Job.objects.values_list("state", flat=True)) == {"completed"}
+    kinds = Counter(JobEvent.objects.values_list("kind", flat=True))
+    assert (kinds["started"], kinds["completed"], kinds["enqueued"]) == (300, 300, 300)
+    assert Job.objects.filter(event_seq=3, units_done=1, lease_epoch=1).count() == 300
+    claims = Job.objects.values("started_at").distinct().count()
+    assert claims < 300, "every job had a claim statement of its own"
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_claim_desk__no_job_is_leased_ahead_of_a_thread_free_to_start_it(workers):
+    """Two threads, a deep queue of jobs that each take a while: at no moment does the
+    worker hold more than two jobs, so no lease covers a job that is not started."""
+    jobs.enqueue_many("durable.noop", [{"units": 1, "sleep": 0.15}] * 12)
+    proc = workers.start("--concurrency", "2")
+    held = []
+    deadline = time.monotonic() + 60
+    while Job.objects.exclude(state="completed").exists():
+        assert time.monotonic() < deadline, workers.log(proc)
+        held.append(Job.objects.filter(state="running").count())
+        time.sleep(0.01)
+    assert max(held) == 2, held  # both threads busy, and never more than they can start
+    assert proc.poll() is None, workers.log(proc)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_claim_desk__a_worker_killed_holding_a_group_loses_nothing(workers, tmp_path):
+    """SIGKILL right after a claim, with the other threads holding jobs of their own:
+    a restarted worker finishes every job, each unit recorded once, events gapless."""
+    out = tmp_path / "side-effects.log"
+    for _ in range(40):
+        jobs.enqueue("test.append", {"units": 2, "path": str(out)})
+    crashed = workers.run("--concurrency", "4", faults="after_claim:25")
+    assert crashed.returncode == -signal.SIGKILL, workers.log(crashed)
+    assert Job.objects.filter(state="running").exists()  # leases the death left behind
+    # Jobs taken back after a restart come due gradually: a worker that stays, not --burst.
+    restarted = workers.start("--concurrency", "4")
+    wait_until(lambda: not Job.objects.exclude(state="completed").exists(), timeout=90)
+    assert restarted.poll() is None, workers.log(restarted)
+    for job in Job.objects.all():
+        assert job.state == "completed", (job.pk, job.state)
+        assert_finished_once(job)
 
 
 def test_finish__a_cancel_during_the_last_unit_wins_over_completion():

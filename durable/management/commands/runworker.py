@@ -68,6 +68,15 @@ class Command(BaseCommand):
             type=valid_queue,
             help="queue to take jobs from; repeatable (default: default)",
         )
+        parser.add_argument(
+            "--claim-batch",
+            type=valid_positive_int,
+            default=None,
+            help=(
+                "most jobs one claim takes for threads that want a job at the same moment; "
+                "1 makes every thread claim alone (default: --concurrency)"
+            ),
+        )
         parser.add_argument("--burst", action="store_true", help="exit 0 once no due job is left")
         parser.add_argument(
             "--max-jobs",
@@ -120,6 +129,7 @@ class Command(BaseCommand):
             grace_seconds=options["grace_seconds"],
             max_jobs=options["max_jobs"],
             operations=ops,
+            claim_batch=options["claim_batch"],
         )
         code = worker.run()
         if worker.abandoned_units:
