@@ -421,6 +421,67 @@ def claim_many(
     return claimed
 
 
+def claim_sql(
+    now: datetime,
+    *,
+    owner: str,
+    queues: list[str],
+    operations: list[str],
+    lease_seconds: float,
+    job_id: int | None = None,
+    count: int = 1,
+) -> tuple[str, list[Any]]:
+    """The claim's UPDATE with its parameters (``%s`` placeholders), ``now`` read under the lock.
+
+    PostgreSQL: the whole claim, one statement — the UPDATE, the ``started``
+    events, the rows with ``has_results``. SQLite: the UPDATE returning the
+    rows with ``has_results``; the events follow in the same transaction.
+
+    The rows are found by primary key only. PostgreSQL's UPDATE has no
+    ``AND state = 'queued'``: the pick locked the rows (FOR UPDATE, rechecking
+    its conditions on the newest row versions) earlier in the same statement,
+    so it could not fail, and all it did was let the planner read the partial
+    ``durable_job_due`` index (``state = 'queued'``) in full for an id, its
+    last column — every queued job per claim, whenever the statistics still
+    described a short queue. The pick locks before the UPDATE forms the rows,
+    so ``clock_timestamp()`` is read after any wait; ``now`` only stamps times.
+    """
+    d = _dialect()
+    pick, params = pick_sql(now, queues=queues, operations=operations, job_id=job_id, limit=count)
+    if count == 1:
+        target = f"id = ({pick})"
+    else:
+        # PostgreSQL builds the array once, before the update, then looks each
+        # id up; as ``id IN (subquery)`` the planner may join instead, and run
+        # the pick again — claiming more than LIMIT. SQLite evaluates an IN
+        # list once.
+        target = f"id = ANY (ARRAY ({pick}))" if d.pg else f"id IN ({pick})"
+    expiry = "clock_timestamp() + make_interval(secs => %s)" if d.pg else "%s"
+    update = (
+        f"UPDATE {d.table} SET state = 'running', lease_owner = %s, lease_expires_at = {expiry}, "
+        f"lease_epoch = lease_epoch + 1, started_at = COALESCE(started_at, %s), "
+        f"units_at_claim = units_done, "  # a death after progress spends no attempt
+        f"updated_at = %s, event_seq = event_seq + 1 WHERE {target}"
+    )
+    if not d.pg:
+        adapt = connection.ops.adapt_datetimefield_value
+        later = adapt(now + timedelta(seconds=lease_seconds))
+        sql = (
+            f"{update} AND state = 'queued' RETURNING {d.job_columns}, "
+            f"EXISTS (SELECT 1 FROM {d.results} r WHERE r.job_id = {d.table}.id)"
+        )
+        return sql, [owner, later, adapt(now), adapt(now), *params]
+    sql = (
+        f"WITH claimed AS ({update} RETURNING {d.job_columns}), "
+        f"started AS (INSERT INTO {d.events} (job_id, seq, kind, message, data, created_at) "
+        f"SELECT id, event_seq, 'started', '', jsonb_build_object('worker', lease_owner, "
+        f"'epoch', lease_epoch, 'attempt', attempts + 1), %s FROM claimed) "
+        f"SELECT {d.job_columns}, EXISTS (SELECT 1 FROM {d.results} r "
+        f"WHERE r.job_id = claimed.id) FROM claimed"
+    )
+    return sql, [owner, lease_seconds, now, now, *params, now]
+
+
 def _claim_pg(
     cursor: Any,
     d: _Dialect,
@@ -431,32 +492,17 @@ def _claim_pg(
     job_id: int | None,
     count: int,
 ) -> list[tuple]:
-    """One statement: the claims, their ``started`` events, the rows with ``has_results``.
-
-    The pick locks the rows (SKIP LOCKED) before the UPDATE forms them, so
-    ``clock_timestamp()`` is read after any wait; ``now`` only stamps times.
-    """
-    now = now_under_lock()
-    pick, params = pick_sql(now, queues=queues, operations=operations, job_id=job_id, limit=count)
-    # The pick is its own materialised CTE: run once, its rows locked once. As
-    # ``id IN (subquery)`` the planner may join against the subquery and run it
-    # again, and an UPDATE would then claim more jobs than LIMIT.
-    sql = (
-        f"WITH picked AS MATERIALIZED ({pick}), "
-        f"claimed AS (UPDATE {d.table} SET state = 'running', lease_owner = %s, "
-        f"lease_expires_at = clock_timestamp() + make_interval(secs => %s), "
-        f"lease_epoch = lease_epoch + 1, started_at = COALESCE(started_at, %s), "
-        f"units_at_claim = units_done, "  # a death after progress spends no attempt
-        f"updated_at = %s, event_seq = event_seq + 1 "
-        f"WHERE id IN (SELECT id FROM picked) AND state = 'queued' "
-        f"RETURNING {d.job_columns}), "
-        f"started AS (INSERT INTO {d.events} (job_id, seq, kind, message, data, created_at) "
-        f"SELECT id, event_seq, 'started', '', jsonb_build_object('worker', lease_owner, "
-        f"'epoch', lease_epoch, 'attempt', attempts + 1), %s FROM claimed) "
-        f"SELECT {d.job_columns}, EXISTS (SELECT 1 FROM {d.results} r "
-        f"WHERE r.job_id = claimed.id) FROM claimed"
+    """One statement: the claims, their ``started`` events, the rows with ``has_results``."""
+    sql, params = claim_sql(
+        now_under_lock(),
+        owner=owner,
+        queues=queues,
+        operations=operations,
+        lease_seconds=lease_seconds,
+        job_id=job_id,
+        count=count,
     )
-    cursor.execute(sql, [*params, owner, lease_seconds, now, now, now])
+    cursor.execute(sql, params)
     return cursor.fetchall()
 
 
@@ -474,28 +520,20 @@ def _claim_sqlite(
 ) -> list[tuple]:
     """Inside the write transaction: the claims returning their rows, then their events."""
     now = now_under_lock()  # the lease cannot start out expired
-    adapt = connection.ops.adapt_datetimefield_value
-    pick, params = pick_sql(now, queues=queues, operations=operations, job_id=job_id, limit=count)
-    # One job: the scalar subquery finds the row by its key. Several: a list,
-    # which SQLite evaluates once.
-    target = f"id = ({pick})" if count == 1 else f"id IN ({pick})"
-    sql = (
-        f"UPDATE {d.table} SET state = 'running', lease_owner = %s, lease_expires_at = %s, "
-        f"lease_epoch = lease_epoch + 1, started_at = COALESCE(started_at, %s), "
-        f"units_at_claim = units_done, "  # a death after progress spends no attempt
-        f"updated_at = %s, event_seq = event_seq + 1 "
-        f"WHERE {target} AND state = 'queued' RETURNING {d.job_columns}, "
-        f"EXISTS (SELECT 1 FROM {d.results} r WHERE r.job_id = {d.table}.id)"
+    sql, values = claim_sql(
+        now,
+        owner=owner,
+        queues=queues,
+        operations=operations,
+        lease_seconds=lease_seconds,
+        job_id=job_id,
+        count=count,
     )
-    later = adapt(now + timedelta(seconds=lease_seconds))
-    values = [owner, later, adapt(now), adapt(now), *params]
-    if raw:
-        sql = sql.replace("%s", "?")
-    cursor.execute(sql, values)
+    cursor.execute(sql.replace("%s", "?") if raw else sql, values)
     rows = cursor.fetchall()
     if not rows:
         return rows
-    stamp = adapt(now)
+    stamp = connection.ops.adapt_datetimefield_value(now)
     events: list[tuple] = []
     for row in rows:
         job_id, epoch, seq, attempts = (row[d.column_index[name]] for name in d.claim_facts)

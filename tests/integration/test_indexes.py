@@ -6,7 +6,9 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from durable.lease import pick_sql
+from durable import jobs
+from durable.lease import claim_sql, pick_sql
+from durable.models import Job
 
 pytestmark = pytest.mark.django_db
 
@@ -32,6 +34,33 @@ def test_next_due_job__the_claims_own_select_is_an_index_range_scan_without_a_so
     assert "durable_job_due" in text, text
     assert "TEMP B-TREE" not in text, text  # SQLite: no separate sort step
     assert "Sort" not in text, text  # PostgreSQL: no separate sort step
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_claim__finds_the_picked_rows_by_primary_key_not_by_scanning_the_queue(count):
+    """The pick reads durable_job_due once; the UPDATE looks its rows up by id. Reading
+    durable_job_due again for an id (its last column) costs every queued job per claim."""
+    sql, params = claim_sql(
+        timezone.now(),
+        owner="w",
+        queues=["default"],
+        operations=["a", "b"],
+        lease_seconds=30,
+        count=count,
+    )
+    # Statistics that describe an empty queue (2,000 finished jobs) while jobs are
+    # due: how a queue that just filled looks to the planner until the next ANALYZE.
+    jobs.enqueue_many("durable.noop", [{"units": 1}] * 2000)
+    Job.objects.update(state="completed")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE durable_job" if connection.vendor == "postgresql" else "ANALYZE")
+    Job.objects.update(state="queued")
+    text = plan(sql, params)
+    assert text.count("durable_job_due") == 1, text  # the pick's own scan
+    if connection.vendor == "postgresql":
+        assert "durable_job_pkey" in text, text
+    else:
+        assert "SCAN durable_job" not in text, text  # SQLite: no full scan either
 
 
 def test_jobs_of_a_state_newest_first__is_an_index_scan():
