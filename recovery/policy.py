@@ -220,9 +220,9 @@ def plan_start(
     backup, rewritten through a temporary copy, or seen under a new device
     number after a reboot — and reading it from the start would import
     every line again. (The cost: a genuinely new file that happens to repeat
-    every byte already imported has only its additions imported; README,
-    Limits.) Anything else is new: from its first byte, under an identity of
-    its own, so nothing new is mistaken for old.
+    every byte already imported has only its additions imported;
+    docs/how-to/feed-recovery-events.md, Limits.) Anything else is new: from its
+    first byte, under an identity of its own, so nothing new is mistaken for old.
     """
     found = verdict(saved, probe)
     if found is Verdict.FIRST:

@@ -46,7 +46,8 @@ INGEST_OPERATION = "recovery.ingest"
 
 
 def configured_events_file() -> str | None:
-    """``RECOVERY_EVENTS_FILE``, else the WeKan data directory variables (see README).
+    """``RECOVERY_EVENTS_FILE``, else the WeKan data directory variables (see
+    docs/how-to/feed-recovery-events.md).
 
     Relative to the project directory (``BASE_DIR``), symlinks resolved: every
     process names the file the same way, wherever it was started.

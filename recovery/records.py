@@ -197,7 +197,8 @@ def record_security(
       short-lived thread), committed whatever the caller does next;
     - on SQLite that second connection would wait for the caller's own write
       lock, so it is recorded right after the caller commits
-      (``on_commit``); if the caller rolls back, it is lost (README: Limits).
+      (``on_commit``); if the caller rolls back, it is lost (docs:
+      explanation/recovery-and-security-events.md, "What the engine reports").
       Returns None then: the row is not written yet.
     """
     try:

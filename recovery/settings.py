@@ -199,7 +199,8 @@ DURABLE_SQLITE_WAKE_INTERVAL = float(os.environ.get("DURABLE_SQLITE_WAKE_INTERVA
 DURABLE_MAX_INPUT_BYTES = int(os.environ.get("DURABLE_MAX_INPUT_BYTES", str(64 * 1024)))
 
 # Django's Tasks framework runs on the engine: every task.enqueue() is a durable job
-# (README: "Django tasks"). TASKS_QUEUES: comma-separated queue names tasks may use.
+# (docs/how-to/write-a-django-task.md, "Django tasks"). TASKS_QUEUES: comma-separated
+# queue names tasks may use.
 TASKS = {
     "default": {
         "BACKEND": "durable.tasks.DurableBackend",
@@ -226,7 +227,7 @@ DURABLE_API_STREAM_KEEPALIVE_SECONDS = float(
 DURABLE_API_OPERATIONS = env_list("DURABLE_API_OPERATIONS", "") or None
 
 # --- External services: outbound HTTP, webhooks, mail, credentials (issue 3) -----
-# Every variable is in README ("Outbound HTTP", "Webhooks and mail", "Credentials").
+# Every variable is in docs/how-to/webhooks-and-mail.md, "Settings and environment".
 
 
 def env_json(name: str, default: str) -> dict:
@@ -239,7 +240,8 @@ def env_json(name: str, default: str) -> dict:
     return value
 
 
-# Per-provider limits for durable.http; keys and defaults in README. Example:
+# Per-provider limits for durable.http; keys and defaults in docs/how-to/outbound-http.md,
+# "Outbound HTTP". Example:
 # {"webhooks": {"total_timeout": 15, "max_in_flight": 4, "min_spacing_ms": 200}}
 DURABLE_HTTP_PROVIDERS = env_json("DURABLE_HTTP_PROVIDERS", "{}")
 # Hosts (names or IP literals, exactly as written in URLs) that may be reached
@@ -288,7 +290,7 @@ LOGGING = {
     },
 }
 
-# --- Recovery and Security events (README: "Recovery and Security events") -----
+# --- Recovery and Security events (docs/explanation/recovery-and-security-events.md) -----
 
 # The JSONL file launch scripts append to. Empty: WEKAN_FERRETDB_SQLITE_DIR,
 # FERRETDB_SQLITE_DIR or WEKAN_SQLITE_DIR plus /recovery-events.jsonl; none set
@@ -302,7 +304,8 @@ LOGGING["loggers"]["recovery"] = {
     "propagate": False,
 }
 
-# --- Schedules, file moves, imports (README: "Scheduled rules", "Moving files", "Importing") --
+# --- Schedules, file moves, imports (docs/how-to/schedules.md, move-files.md and
+# import-recovery-events.md) --------------------------------------------------------------
 
 # The standing "retention" schedule purges finished jobs older than this
 # (30d, 12h, ...); "off" removes the schedule. It runs at DURABLE_RETENTION_CRON
@@ -339,7 +342,7 @@ STORAGES.update(FILE_STORAGES)
 RECOVERY_IMPORT_DIRS = env_list("RECOVERY_IMPORT_DIRS", str(VAR_DIR / "imports"))
 
 
-# --- Problems dashboard (README: "Problems dashboard") --------------------------------------
+# --- Problems dashboard (docs/reference/dashboard.md) ---------------------------------------
 
 # How many reverse proxies of your own stand in front of the site. 0: the
 # X-Forwarded-For header is ignored and the TCP peer is the client (right when

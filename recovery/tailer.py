@@ -206,7 +206,8 @@ def find_rotated(
       with the same bytes was imported on its own.
 
     A compressed copy is never found (its bytes differ): lines appended to a
-    file that was then compressed before the next look are lost (README, Limits).
+    file that was then compressed before the next look are lost
+    (docs/how-to/feed-recovery-events.md, Limits).
     """
     if saved.offset == 0 and not saved.skipping:
         return None  # nothing was read: nothing to finish

@@ -45,7 +45,8 @@ verified like the others; a journal row that *differs* on the target, or
 one deleted from the source, still fails the copy.
 
 The engine's own tables (jobs and their events) are not copied: this job is
-running in them. See README "Moving to another database" for the switch-over.
+running in them. See docs/how-to/move-to-postgresql.md, "Moving to another database",
+for the switch-over.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@
 
 Timeouts (connect and whole-exchange), a bounded response body, per-provider
 gates shared by all workers, an SSRF guard, and retry verdicts the engine
-persists (``RetryLater`` with the time to try again). See README, "Outbound HTTP".
+persists (``RetryLater`` with the time to try again). See docs/how-to/outbound-http.md,
+"Outbound HTTP".
 
 Attributes are loaded lazily: ``durable.models`` imports ``durable.http.models``
 while the app registry is still loading, before the client may be imported.

@@ -4,7 +4,7 @@ A *provider* is a remote service as far as limits go (an API, a webhook
 receiver). Every key is optional; a provider nobody configured gets the
 defaults, and ``DURABLE_HTTP_PROVIDERS["default"]`` (if present) overrides the
 defaults for every provider. ``DURABLE_HTTP_ALLOW_HOSTS`` adds allow-listed
-hosts to every provider. README, "Outbound HTTP", lists every key.
+hosts to every provider. docs/how-to/outbound-http.md, "Outbound HTTP", lists every key.
 """
 
 from __future__ import annotations

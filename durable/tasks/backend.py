@@ -38,7 +38,8 @@ TASK_EVENTS = ("started", "rescheduled", "cancel_requested", "cancelled")
 
 class DurableBackend(BaseTaskBackend):
     """``TASKS = {"default": {"BACKEND": "durable.tasks.DurableBackend", "QUEUES": [...],
-    "OPTIONS": {"MAX_ATTEMPTS": 3, ...}}}`` — see the README's "Django tasks"."""
+    "OPTIONS": {"MAX_ATTEMPTS": 3, ...}}}`` — see docs/how-to/write-a-django-task.md,
+    "Django tasks"."""
 
     supports_defer = True
     supports_async_task = True
@@ -68,7 +69,8 @@ class DurableBackend(BaseTaskBackend):
         """Validate by the framework's rules, then persist one job and its ``enqueued`` event.
 
         Inside a transaction the job commits or rolls back with the caller's own
-        writes (it is a row of the same database); see the README for on_commit.
+        writes (it is a row of the same database); for on_commit see
+        docs/how-to/write-a-django-task.md, "Transactions and enqueue on commit".
         """
         if self.options_error:
             raise ImproperlyConfigured(f"TASKS[{self.alias!r}]['OPTIONS']: {self.options_error}")
@@ -206,7 +208,7 @@ class DurableBackend(BaseTaskBackend):
             yield checks.Error(
                 f"{where}['OPTIONS']: {self.options_error}",
                 hint="Options: MAX_ATTEMPTS, BACKOFF_BASE, BACKOFF_MAX, ON_RESTART, "
-                "NON_RETRYABLE, CODE_WAIT (README: Django tasks).",
+                "NON_RETRYABLE, CODE_WAIT (docs: how-to/write-a-django-task.md, Options).",
                 id="durable.E201",
             )
         if not apps.is_installed("durable"):

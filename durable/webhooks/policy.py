@@ -1,7 +1,7 @@
 """Webhook decisions as pure functions: event filters, idempotency keys, the body, the signature.
 
-The signature scheme, for receivers (README, "Verifying a webhook", has a
-copy-paste example)::
+The signature scheme, for receivers (docs/how-to/webhooks-and-mail.md, "Verifying a
+webhook", has a copy-paste example)::
 
     X-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>." + raw body)>
 

@@ -232,7 +232,8 @@ def test_renewal__a_unit_longer_than_the_lease_keeps_its_job(workers, tmp_path):
 PG_ONLY = pytest.mark.skipif(
     connection.vendor != "postgresql",
     reason="PostgreSQL row locks; on SQLite a long atomic unit holds the database's one "
-    "write lock and every writer waits for it (README: keep atomic units short)",
+    "write lock and every writer waits for it (keep atomic units short: "
+    'docs/explanation/sqlite.md, "One writer at a time")',
 )
 
 

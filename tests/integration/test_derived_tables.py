@@ -236,7 +236,7 @@ def test_copy__an_event_changed_or_deleted_during_the_copy_still_fails_it(monkey
 
     def meanwhile(ctx, unit):
         # A change is seen by the batch verifying its row; a deletion by the counts, even
-        # at the very end (a change made after its batch was verified is not: see README).
+        # at the very end (a change made after its batch was verified is not seen).
         when = "verify:recovery.recoveryevent:0" if change == "changed" else "tail:0"
         if unit.key == when:
             events = RecoveryEvent.objects.filter(detail="nightly")

@@ -295,9 +295,10 @@ def test_ingest__replacement_with_an_identical_first_line_is_a_new_file(events_f
 
 
 def test_ingest__a_new_file_repeating_every_imported_byte__imports_only_its_additions(events_file):
-    """A deliberate choice (README, Limits): a file that begins with exactly the bytes
-    already imported is the old file moved — rewritten through a temporary copy,
-    restored from a backup, copied to another disk — and is continued."""
+    """A deliberate choice (docs/how-to/feed-recovery-events.md, Limits): a file that
+    begins with exactly the bytes already imported is the old file moved — rewritten
+    through a temporary copy, restored from a backup, copied to another disk — and is
+    continued."""
     old = jsonl({"type": "integrity-ok"}, {"type": "backup-created"})
     write(events_file, old)
     ingest(events_file)

@@ -1,4 +1,5 @@
-"""The engine never imports the site: ``durable`` announces through signals (README).
+"""The engine never imports the site: ``durable`` announces through signals
+(docs: explanation/recovery-and-security-events.md, "What the engine reports").
 
 An AST scan of every module under ``durable/`` — plain and relative imports,
 and ``importlib.import_module``/``__import__`` with a literal name — so a
