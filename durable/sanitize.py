@@ -7,6 +7,7 @@ it leaks through all of them. Operations receive credentials by *reference*
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -38,8 +39,14 @@ CREDENTIAL_VALUE = re.compile(
 MAX_DEPTH = 32
 
 
+@functools.lru_cache(maxsize=4096)
 def looks_like_credential_key(key: str) -> bool:
-    """Token-wise, so ``max_tokens`` or ``author`` pass but ``apiKey`` and ``db_password`` don't."""
+    """Token-wise, so ``max_tokens`` or ``author`` pass but ``apiKey`` and ``db_password`` don't.
+
+    Cached: every input is checked twice (before and after the operation's own
+    ``clean_input``), and the inputs of one operation repeat the same few keys —
+    ``enqueue_many`` spent a quarter of its time here, splitting them anew.
+    """
     snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key).lower()
     words = [word for word in re.split(r"[^a-z0-9]+", snake) if word]
     if any(word in SECRET_WORDS for word in words):
