@@ -393,19 +393,19 @@ def claim_many(
         # Inside a caller's transaction (tests, run_job under atomic): the same
         # statements through Django's cursor, in a savepoint.
         with transaction.atomic(), conn.cursor() as cursor:
-            rows = _claim_pg(cursor, *args) if d.pg else _claim_sqlite(cursor, *args)
+            rows = _claim_rows(cursor, *args)
     else:
         with conn.wrap_database_errors:
             conn.ensure_connection()
             cursor = conn.connection.cursor()
             try:
                 if d.pg:
-                    rows = _claim_pg(cursor, *args)
+                    rows = _claim_rows(cursor, *args)
                 else:
                     # BEGIN IMMEDIATE first: the lease's expiry is computed once
                     # the write lock is held, never before a wait for it.
                     with _sqlite_write(conn, cursor):
-                        rows = _claim_sqlite(cursor, *args, raw=True)
+                        rows = _claim_rows(cursor, *args, raw=True)
             finally:
                 cursor.close()
     claimed = []
@@ -482,31 +482,7 @@ def claim_sql(
     return sql, [owner, lease_seconds, now, now, *params, now]
 
 
-def _claim_pg(
-    cursor: Any,
-    d: _Dialect,
-    owner: str,
-    queues: list[str],
-    operations: list[str],
-    lease_seconds: float,
-    job_id: int | None,
-    count: int,
-) -> list[tuple]:
-    """One statement: the claims, their ``started`` events, the rows with ``has_results``."""
-    sql, params = claim_sql(
-        now_under_lock(),
-        owner=owner,
-        queues=queues,
-        operations=operations,
-        lease_seconds=lease_seconds,
-        job_id=job_id,
-        count=count,
-    )
-    cursor.execute(sql, params)
-    return cursor.fetchall()
-
-
-def _claim_sqlite(
+def _claim_rows(
     cursor: Any,
     d: _Dialect,
     owner: str,
@@ -518,7 +494,12 @@ def _claim_sqlite(
     *,
     raw: bool = False,
 ) -> list[tuple]:
-    """Inside the write transaction: the claims returning their rows, then their events."""
+    """The claimed rows, each with ``has_results``, and their ``started`` events.
+
+    PostgreSQL: ``claim_sql`` is all of it. SQLite (inside the write
+    transaction): its UPDATE, then the events. ``raw``: on the DB-API cursor,
+    whose placeholder is ``?``.
+    """
     now = now_under_lock()  # the lease cannot start out expired
     sql, values = claim_sql(
         now,
@@ -531,7 +512,7 @@ def _claim_sqlite(
     )
     cursor.execute(sql.replace("%s", "?") if raw else sql, values)
     rows = cursor.fetchall()
-    if not rows:
+    if d.pg or not rows:
         return rows
     stamp = connection.ops.adapt_datetimefield_value(now)
     events: list[tuple] = []
