@@ -227,12 +227,16 @@ def test_job_detail__progress_bar_advances_while_a_worker_runs(ui, staff, worker
     seen: list[int] = []
 
     def progress_settled() -> bool:
+        # The badge first: a poll may swap the detail between the two reads, and a bar read
+        # after a "Completed" badge is never older than it (read the other way round, a bar
+        # of 14 from before the swap could pair with the final badge).
+        completed = ui.page.locator("#job-detail .badge").inner_text() == "Completed"
         bar = ui.page.locator("#job-detail .detail-head progress")
         if bar.count():
             value = int(bar.get_attribute("value"))
             if not seen or value != seen[-1]:
                 seen.append(value)
-        return ui.page.locator("#job-detail .badge").inner_text() == "Completed"
+        return completed
 
     wait_until(progress_settled, timeout=60, interval=0.2)
     assert seen == sorted(seen), seen  # only forward
