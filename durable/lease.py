@@ -61,10 +61,20 @@ class _Dialect:
         ops = connection.ops
         self.table = ops.quote_name(Job._meta.db_table)
         # One extra condition of the claim (durable.queues): no query per claim, and
-        # the paused-queue table holds a row per paused queue only.
+        # the paused-queue table holds a row per paused queue only. PostgreSQL:
+        # ``NOT IN``, not a correlated ``NOT EXISTS``, which it made an anti-join
+        # it guessed would leave one row of the queue (the table is rarely
+        # analyzed, and guessed to hold the one queue every job is in), then read
+        # and sorted the whole queue per claim; ``NOT IN`` is read once, a hashed
+        # filter on the in-order index scan (``queue`` is NOT NULL, so NOT IN's
+        # NULL rule never bites). SQLite turns ``NOT IN`` into an index lookup
+        # per paused queue and then sorts, so it keeps ``NOT EXISTS``, a
+        # per-row probe of the in-order scan.
         paused = ops.quote_name(PausedQueue._meta.db_table)
         self.queue_not_paused = (
-            f"NOT EXISTS (SELECT 1 FROM {paused} WHERE {paused}.queue = {self.table}.queue)"
+            f"queue NOT IN (SELECT queue FROM {paused})"
+            if self.pg
+            else f"NOT EXISTS (SELECT 1 FROM {paused} WHERE {paused}.queue = {self.table}.queue)"
         )
         self.results = ops.quote_name(UnitResult._meta.db_table)
         # JSON is encoded once in Python and cast on the way in.
@@ -313,7 +323,13 @@ def pick_sql(
     paused queue, say) is one more entry in ``where`` and one more parameter.
     """
     d = _dialect()
-    where = ["state = 'queued'", f"next_attempt_at <= {d.now_sql}"]
+    # SQLite: the unary ``+`` keeps next_attempt_at out of the index search. With
+    # statistics (ANALYZE, ``PRAGMA optimize``) SQLite would otherwise skip-scan
+    # the few priorities to range on it, and sort every due job of the queue per
+    # claim: 12.8 ms against 0.04 ms at 20,000 queued. Read in index order, the
+    # first due row ends the scan.
+    due = f"{'' if d.pg else '+'}next_attempt_at <= {d.now_sql}"
+    where = ["state = 'queued'", due]
     params: list[Any] = d.now(now)
     if job_id is not None:
         where.append("id = %s")
