@@ -331,12 +331,21 @@ def pick_sql(
     due = f"{'' if d.pg else '+'}next_attempt_at <= {d.now_sql}"
     where = ["state = 'queued'", due]
     params: list[Any] = d.now(now)
+    # PostgreSQL reads one queue of durable_job_due in order, but several only by
+    # reading and sorting all their due jobs (11 ms per claim at 20,000). So each
+    # queue is read in order on its own (a LATERAL pick per queue, each locking
+    # at most ``limit``: the claim commits at once, which frees the extra locks)
+    # and the few rows merged. SQLite reads an IN list of queues in order itself.
+    per_queue = d.pg and job_id is None and len(set(queues)) > 1
     if job_id is not None:
         where.append("id = %s")
         params.append(job_id)
     else:
-        where.append(f"queue IN ({_placeholders(queues)})")
-        params.extend(queues)
+        if per_queue:
+            where.append("queue = q.name")
+        else:
+            where.append(f"queue IN ({_placeholders(queues)})")
+            params.extend(queues)
         where.append(d.queue_not_paused)  # a paused queue is not claimed from
     where.append(f"operation IN ({_placeholders(operations)})")
     params.extend(operations)
@@ -344,11 +353,18 @@ def pick_sql(
     # index: state, queue, next_attempt_at match three terms) and then sorts every
     # due job of the queue; the partial durable_job_due index reads them in order.
     indexed = "" if d.pg or job_id is not None else " INDEXED BY durable_job_due"
+    order = "ORDER BY priority DESC, next_attempt_at, id"
+    columns = "id, priority, next_attempt_at" if per_queue else "id"
     sql = (
-        f"SELECT id FROM {d.table}{indexed} WHERE {' AND '.join(where)} "
-        f"ORDER BY priority DESC, next_attempt_at, id LIMIT {int(limit)}"
-        f"{d.skip_locked if lock else ''}"
+        f"SELECT {columns} FROM {d.table}{indexed} WHERE {' AND '.join(where)} "
+        f"{order} LIMIT {int(limit)}{d.skip_locked if lock else ''}"
     )
+    if per_queue:
+        sql = (
+            f"SELECT id FROM unnest(%s::text[]) AS q(name) CROSS JOIN LATERAL ({sql}) AS j "
+            f"{order} LIMIT {int(limit)}"
+        )
+        params = [list(dict.fromkeys(queues)), *params]
     return sql, params
 
 

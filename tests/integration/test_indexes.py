@@ -59,6 +59,37 @@ def test_next_due_job__a_deep_analyzed_queue_is_read_in_index_order_not_scanned_
     assert "TEMP B-TREE" not in text, text
 
 
+def test_next_due_job__several_deep_queues_are_each_read_in_order_not_all_sorted():
+    """PostgreSQL sorted every due job of all a worker's queues per claim (11 ms at
+    20,000); each queue is now read in index order up to the claim's limit."""
+    for queue in ("default", "mail"):
+        jobs.enqueue_many("durable.noop", [{"units": 1}] * 1500, queue=queue)
+    sql, params = pick_sql(
+        timezone.now(), queues=["default", "mail"], operations=["durable.noop"], limit=3
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE durable_job" if connection.vendor == "postgresql" else "ANALYZE")
+        if connection.vendor == "postgresql":
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+            nodes = list(_plan_nodes(cursor.fetchone()[0][0]["Plan"]))
+            read = [n for n in nodes if n.get("Relation Name") == "durable_job"]
+            assert read, nodes
+            assert all(n["Index Name"] == "durable_job_due" for n in read), read
+            assert sum(n["Actual Rows"] * n["Actual Loops"] for n in read) <= 2 * 3, read
+        else:
+            cursor.execute("EXPLAIN QUERY PLAN " + sql, params)
+            text = "\n".join(str(row[-1]) for row in cursor.fetchall())
+            assert "USING INDEX durable_job_due (queue=?)" in text, text
+        cursor.execute(sql, params)
+        assert len(cursor.fetchall()) == 3
+
+
+def _plan_nodes(node: dict):
+    yield node
+    for child in node.get("Plans", []):
+        yield from _plan_nodes(child)
+
+
 @pytest.mark.parametrize("count", [1, 3])
 def test_claim__finds_the_picked_rows_by_primary_key_not_by_scanning_the_queue(count):
     """The pick reads durable_job_due once; the UPDATE looks its rows up by id. Reading

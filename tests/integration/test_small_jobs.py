@@ -308,6 +308,25 @@ def test_claim_many__due_jobs_in_priority_order_each_as_if_claimed_alone():
                       lease_seconds=30) == []  # fmt: skip
 
 
+def test_claim_many__several_queues_merge_into_one_order():
+    """PostgreSQL picks each queue on its own (durable_job_due is read in order per
+    queue); the merged claim is still the global order, and a queue named twice
+    claims nothing twice."""
+    earlier = timezone.now() - timedelta(minutes=5)
+    mail_high = jobs.enqueue("durable.noop", {"units": 1}, queue="mail", priority=9)
+    default_old = jobs.enqueue("durable.noop", {"units": 1}, priority=3, run_after=earlier)
+    mail_new = jobs.enqueue("durable.noop", {"units": 1}, queue="mail", priority=3)
+    default_low = jobs.enqueue("durable.noop", {"units": 1}, priority=1)
+    jobs.enqueue("durable.noop", {"units": 1}, queue="other", priority=99)  # not asked for
+    queues = ["default", "mail", "default"]
+    first = claim_many("m", 3, queues=queues, operations=["durable.noop"], lease_seconds=30)
+    assert [job.pk for _, job in first] == [mail_high.pk, default_old.pk, mail_new.pk]
+    rest = claim_many("m", 3, queues=queues, operations=["durable.noop"], lease_seconds=30)
+    assert [job.pk for _, job in rest] == [default_low.pk]
+    assert Job.objects.filter(state="running").count() == 4
+    assert Job.objects.get(queue="other").state == "queued"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_statements__a_claim_for_three_threads_is_the_statements_of_a_claim_for_one():
     for _ in range(4):
