@@ -197,24 +197,24 @@ def enqueue(
 def _create(
     operation: str, data: dict, *, now: datetime, run_after: datetime | None, **fields: Any
 ) -> Job:
-    # Two statements: the job is inserted with its first event already counted
-    # (event_seq=1), then that event. With a unique key the pair is a savepoint,
-    # so a caller's transaction survives a lost race (enqueue returns the
-    # winner); without one, an IntegrityError is a real error and needs none.
-    event = ("enqueued", "", {"owner": fields["owner"], "queue": fields["queue"]})
+    # enqueue_many's INSERT for one job: the job with its first event already
+    # counted (event_seq=1) and that event — one statement on PostgreSQL, two on
+    # SQLite — where two ORM creates cost a round trip and ~0.6 ms of Python more.
+    # With a unique key it is a savepoint, so a caller's transaction survives a
+    # lost race (enqueue returns the winner); without one, an IntegrityError is
+    # a real error and needs none.
+    job = Job(
+        operation=operation,
+        input=data,
+        next_attempt_at=run_after or now,
+        created_at=now,
+        updated_at=now,
+        event_seq=1,
+        **fields,
+    )
     with transaction.atomic(savepoint=fields.get("unique_key") is not None):
-        job = Job.objects.create(
-            operation=operation,
-            input=data,
-            next_attempt_at=run_after or now,
-            created_at=now,
-            updated_at=now,
-            event_seq=1,
-            **fields,
-        )
-        kind, message, facts = event
-        JobEvent.objects.create(job=job, seq=1, kind=kind, data=facts, created_at=now)
-        announce_change(job, "", kind, message, {})
+        _insert_many([job], fields, now)
+        announce_change(job, "", "enqueued", "", {})
     job.created = True
     return job
 
