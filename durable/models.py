@@ -319,7 +319,7 @@ class WorkerProcess(models.Model):
 class PausedQueue(models.Model):
     """A queue workers do not claim from while this row exists (``durable.queues``).
 
-    One small table read by the claim's ``NOT IN`` (``durable.lease.pick_sql``):
+    One small table read by one condition of the claim (``durable.lease.pick_sql``):
     pausing a queue costs no query per claim, and running jobs are not touched — they
     finish their unit and go on (a pause of the queue is not a pause of its jobs).
     """

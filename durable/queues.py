@@ -1,7 +1,7 @@
 """Queues as operators see them: pause and resume claiming, per queue.
 
 A paused queue keeps its jobs and accepts new ones; workers simply do not claim
-from it (one ``NOT IN`` in the claim, ``durable.lease.pick_sql``). Jobs already
+from it (one condition of the claim, ``durable.lease.pick_sql``). Jobs already
 running are not touched: each finishes its current unit and goes on, as a job paused
 by hand would not — pausing a queue stops *starts*, and an operator who wants running
 work to stop pauses those jobs too. Both calls are idempotent and say whether they
