@@ -336,7 +336,8 @@ def pick_sql(
     # queue is read in order on its own (a LATERAL pick per queue, each locking
     # at most ``limit``: the claim commits at once, which frees the extra locks)
     # and the few rows merged. SQLite reads an IN list of queues in order itself.
-    per_queue = d.pg and job_id is None and len(set(queues)) > 1
+    names = list(dict.fromkeys(queues))  # each queue once, in the order given
+    per_queue = d.pg and job_id is None and len(names) > 1
     if job_id is not None:
         where.append("id = %s")
         params.append(job_id)
@@ -364,7 +365,7 @@ def pick_sql(
             f"SELECT id FROM unnest(%s::text[]) AS q(name) CROSS JOIN LATERAL ({sql}) AS j "
             f"{order} LIMIT {int(limit)}"
         )
-        params = [list(dict.fromkeys(queues)), *params]
+        params = [names, *params]
     return sql, params
 
 
