@@ -49,6 +49,7 @@ run: setup
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 test: $(STAMP) lint
 	$(BIN)/python manage.py check --fail-level WARNING
