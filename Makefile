@@ -7,6 +7,10 @@ BIND ?= 127.0.0.1:8000
 WEB_WORKERS ?= 2
 WEB_THREADS ?= 8
 WORKER_ARGS ?= --concurrency 2
+# `make test` runs the suite in parallel processes (pytest-xdist): most tests wait on real
+# worker subprocesses and servers, so more processes than cores still pays. Each process
+# gets its own test databases. `make test PYTEST_WORKERS=0` runs it in one process.
+PYTEST_WORKERS ?= 4
 
 .PHONY: run test setup install lint docs soak bench clean
 
@@ -54,7 +58,7 @@ lint: $(STAMP)
 test: $(STAMP) lint
 	$(BIN)/python manage.py check --fail-level WARNING
 	$(BIN)/python manage.py makemigrations --check --dry-run
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist worksteal)
 
 # The documentation site (docs/): warnings are errors, then every internal link and
 # anchor of the built HTML is checked (no network: external links are not fetched).

@@ -21,6 +21,7 @@ from durable import jobs
 from durable.api.models import IdempotencyKey
 from durable.api.tokens import hash_token
 from durable.models import Job
+from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -115,6 +116,9 @@ def test_events_stream__resumes_from_last_event_id_while_a_worker_produces_event
         assert submitted.status_code == 202
         job_id = submitted.json()["id"]
         workers.start()
+        # Both events exist before the first connection, so a worker slow to start on a
+        # loaded machine cannot let the 1.5 s stream end after one of them.
+        wait_until(lambda: Job.objects.get(pk=job_id).events.count() >= 2)
         sse = SseClient(http, f"/api/jobs/{job_id}/events", token)
         assert sse.follow(stop_after=2) == 200  # we hang up after two events
         assert sse.ids == [1, 2]
