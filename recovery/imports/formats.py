@@ -336,7 +336,7 @@ def export_fields(event: Any) -> dict[str, Any]:
 
 
 def export_line(event: Any) -> bytes:
-    """One JSONL line (SPEC §6 format), newline included."""
+    """One JSONL line (the format of docs/how-to/feed-recovery-events.md), newline included."""
     fields = {k: v for k, v in export_fields(event).items() if v not in ("", [], None)}
     fields.setdefault("type", event.type)
     return json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
