@@ -41,6 +41,10 @@ from durable.errors import InputRejected, NonRetryable, RetryLater, Unavailable
 from durable.models import UnitResult
 from durable.operations import Access, JobContext, Operation, Unit, register
 
+# The site's other operations, registered on import (autodiscovery imports this module only).
+from .dashboard.bulk import BulkAction  # noqa: F401 - registers recovery.bulk_action
+from .dashboard.indexing import SearchIndex  # noqa: F401 - registers recovery.search_index
+from .imports import operations as _imports  # noqa: F401 - registers import.jsonl, import.csv
 from .models import EventType, RecoveryEvent
 from .notify import publish_errors
 from .parsing import SKIP_LABELS, Chunk
@@ -413,8 +417,3 @@ class IngestRecoveryEvents(Operation):
         )
         ctx.event("ingested", message, **summary)
         return {"summary": summary}
-
-
-from .dashboard.bulk import BulkAction  # noqa: E402,F401 - registers recovery.bulk_action
-from .dashboard.indexing import SearchIndex  # noqa: E402,F401 - registers recovery.search_index
-from .imports import operations as _imports  # noqa: E402,F401 - registers import.jsonl, import.csv
