@@ -49,16 +49,16 @@ from .models import EventType, RecoveryEvent
 from .notify import publish_errors
 from .parsing import SKIP_LABELS, Chunk
 from .policy import Position, Verdict, ingest_report, ingest_unique_key, plan_start, verdict
-from .records import (
+from .records.cursors import (
     advance_cursor,
     cursor_of_file,
     follow,
-    insert_lines,
     is_followed,
     name_for,
     point_name,
     position_of,
 )
+from .records.lines import insert_lines
 from .tailer import MIN_BATCH_BYTES, NotAFile, OpenFile, canonical, find_rotated
 
 DEFAULT_BATCH_LINES = 10_000

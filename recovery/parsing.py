@@ -269,7 +269,7 @@ class _NoObjects(tuple):
 
 
 # The object lists of every line that took the short path (and only those):
-# ``records.insert_lines`` knows such a line by it, without looking further.
+# ``records.lines.insert_lines`` knows such a line by it, without looking further.
 NO_OBJECTS: tuple[str, ...] = _NoObjects()
 _new_event = tuple.__new__
 
