@@ -311,13 +311,16 @@ class IngestRecoveryEvents(Operation):
             )
         with transaction.atomic():
             if batch.summary_of:
+                assert batch.name_id is not None  # a run's last unit always names its file
                 result = self._summarise(ctx, batch)
                 if batch.summary_of == MISSING:
                     point_name(batch.name_id, batch.cursor_id, seen="")
                     return result
                 point_name(batch.name_id, batch.cursor_id, seen=batch.summary_of)
+                assert batch.cursor_id is not None  # only a missing file has no cursor
                 moved = advance_cursor(batch.cursor_id, batch.expected, batch.after)
             else:
+                assert batch.cursor_id is not None  # lines come from a followed file
                 result = self._import(batch)
                 moved = advance_cursor(
                     batch.cursor_id,

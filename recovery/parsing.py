@@ -82,7 +82,7 @@ class Skip(StrEnum):
     NO_TYPE = "missing_type"
 
 
-SKIP_LABELS = {
+SKIP_LABELS: dict[str, str] = {  # by Skip (a str)
     Skip.BLANK: "blank",
     Skip.TOO_LONG: f"longer than {MAX_LINE_BYTES // 1024} KiB",
     Skip.INVALID_UTF8: "not UTF-8",
@@ -494,7 +494,7 @@ def _parse_chunk(
         line_at = offset + pos
         pos += len(raw) + 1
         parsed = parse(raw)
-        if parsed.__class__ is LineEvent:
+        if isinstance(parsed, LineEvent):
             append((line_at, crc32(raw), parsed))
             dropped += parsed.ips_dropped
         else:
@@ -504,7 +504,7 @@ def _parse_chunk(
         rest = size - pos  # no newline in it
         if final:  # the rotated file's last line, newline or not
             parsed = parse(data[pos:])
-            if parsed.__class__ is LineEvent:
+            if isinstance(parsed, LineEvent):
                 chunk.events.append((offset + pos, crc32(data[pos:]), parsed))
                 dropped += parsed.ips_dropped
             else:

@@ -53,7 +53,7 @@ def error_classes() -> list[str]:
             .order_by("last_error_class")[:50]
         )
 
-    return cache.get_or_set("problems:error-classes", read, ERROR_MENU_SECONDS)
+    return cache.get_or_set("problems:error-classes", read, ERROR_MENU_SECONDS) or []
 
 
 # --- the list -----------------------------------------------------------------------------

@@ -32,7 +32,7 @@ def record_event(
     source: str = "server",
     done: bool | None = None,
     deleted_data: bool = False,
-    user_id: str | int = "",
+    user_id: str | int | None = "",
     username: str = "",
     ip: str | None = None,
     ipv4: str | None = None,
