@@ -1,4 +1,6 @@
-"""Recovery and Security reports (SPEC §6), and the ingest's cursor into the JSONL file.
+"""Recovery and Security reports, and the ingest's cursor into the JSONL file.
+
+What each report holds and why: docs/explanation/recovery-and-security-events.md.
 
 ``RecoveryEvent`` is an append-only history: what the launch scripts did to
 the data (from ``recovery-events.jsonl``), what restart recovery did to jobs,

@@ -41,20 +41,24 @@ from durable.errors import InputRejected, NonRetryable, RetryLater, Unavailable
 from durable.models import UnitResult
 from durable.operations import Access, JobContext, Operation, Unit, register
 
+# The site's other operations, registered on import (autodiscovery imports this module only).
+from .dashboard.bulk import BulkAction  # noqa: F401 - registers recovery.bulk_action
+from .dashboard.indexing import SearchIndex  # noqa: F401 - registers recovery.search_index
+from .imports import operations as _imports  # noqa: F401 - registers import.jsonl, import.csv
 from .models import EventType, RecoveryEvent
 from .notify import publish_errors
 from .parsing import SKIP_LABELS, Chunk
 from .policy import Position, Verdict, ingest_report, ingest_unique_key, plan_start, verdict
-from .records import (
+from .records.cursors import (
     advance_cursor,
     cursor_of_file,
     follow,
-    insert_lines,
     is_followed,
     name_for,
     point_name,
     position_of,
 )
+from .records.lines import insert_lines
 from .tailer import MIN_BATCH_BYTES, NotAFile, OpenFile, canonical, find_rotated
 
 DEFAULT_BATCH_LINES = 10_000
@@ -307,13 +311,16 @@ class IngestRecoveryEvents(Operation):
             )
         with transaction.atomic():
             if batch.summary_of:
+                assert batch.name_id is not None  # a run's last unit always names its file
                 result = self._summarise(ctx, batch)
                 if batch.summary_of == MISSING:
                     point_name(batch.name_id, batch.cursor_id, seen="")
                     return result
                 point_name(batch.name_id, batch.cursor_id, seen=batch.summary_of)
+                assert batch.cursor_id is not None  # only a missing file has no cursor
                 moved = advance_cursor(batch.cursor_id, batch.expected, batch.after)
             else:
+                assert batch.cursor_id is not None  # lines come from a followed file
                 result = self._import(batch)
                 moved = advance_cursor(
                     batch.cursor_id,
@@ -413,8 +420,3 @@ class IngestRecoveryEvents(Operation):
         )
         ctx.event("ingested", message, **summary)
         return {"summary": summary}
-
-
-from .dashboard.bulk import BulkAction  # noqa: E402,F401 - registers recovery.bulk_action
-from .dashboard.indexing import SearchIndex  # noqa: E402,F401 - registers recovery.search_index
-from .imports import operations as _imports  # noqa: E402,F401 - registers import.jsonl, import.csv

@@ -1,12 +1,12 @@
 """Reading ``recovery-events.jsonl``: pure functions, no ORM, no clock reads.
 
-Launch scripts we do not control append one JSON object per line (SPEC §6).
-The parser is forgiving — a bad line is skipped and counted, never fatal — and
-everything it returns is already fit for the database: a non-empty ``type``,
-a severity of info/warning/error, strings without NUL characters or lone
-surrogates (PostgreSQL refuses both) and within their column sizes, IP
-addresses split by family with IPv4-mapped IPv6 stored as IPv4, and affected
-object lists bounded to 200 entries.
+Launch scripts we do not control append one JSON object per line (its fields:
+docs/how-to/feed-recovery-events.md). The parser is forgiving — a bad line is
+skipped and counted, never fatal — and everything it returns is already fit
+for the database: a non-empty ``type``, a severity of info/warning/error,
+strings without NUL characters or lone surrogates (PostgreSQL refuses both)
+and within their column sizes, IP addresses split by family with IPv4-mapped
+IPv6 stored as IPv4, and affected object lists bounded to 200 entries.
 
 ``parse_chunk`` turns a block of bytes read from the file into events plus
 the bookkeeping the ingest needs: the byte offset of every line (its stable
@@ -82,7 +82,7 @@ class Skip(StrEnum):
     NO_TYPE = "missing_type"
 
 
-SKIP_LABELS = {
+SKIP_LABELS: dict[str, str] = {  # by Skip (a str)
     Skip.BLANK: "blank",
     Skip.TOO_LONG: f"longer than {MAX_LINE_BYTES // 1024} KiB",
     Skip.INVALID_UTF8: "not UTF-8",
@@ -258,7 +258,8 @@ def _objects_from(obj: dict) -> tuple[list[str], list[str], int]:
     return bound_objects(ids, titles)
 
 
-# The fields of a plain launch-script line (the SPEC §6 example): such a line
+# The fields of a plain launch-script line (the example at the top of
+# docs/how-to/feed-recovery-events.md): such a line
 # takes the short path below, which is most of the cost of a big import.
 _PLAIN_FIELDS = frozenset({"type", "db", "severity", "source", "detail", "ts"})
 
@@ -268,7 +269,7 @@ class _NoObjects(tuple):
 
 
 # The object lists of every line that took the short path (and only those):
-# ``records.insert_lines`` knows such a line by it, without looking further.
+# ``records.lines.insert_lines`` knows such a line by it, without looking further.
 NO_OBJECTS: tuple[str, ...] = _NoObjects()
 _new_event = tuple.__new__
 
@@ -493,7 +494,7 @@ def _parse_chunk(
         line_at = offset + pos
         pos += len(raw) + 1
         parsed = parse(raw)
-        if parsed.__class__ is LineEvent:
+        if isinstance(parsed, LineEvent):
             append((line_at, crc32(raw), parsed))
             dropped += parsed.ips_dropped
         else:
@@ -503,7 +504,7 @@ def _parse_chunk(
         rest = size - pos  # no newline in it
         if final:  # the rotated file's last line, newline or not
             parsed = parse(data[pos:])
-            if parsed.__class__ is LineEvent:
+            if isinstance(parsed, LineEvent):
                 chunk.events.append((offset + pos, crc32(data[pos:]), parsed))
                 dropped += parsed.ips_dropped
             else:

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.dispatch import Signal
 
 from durable import signals
 from durable.errors import DurableError
@@ -90,7 +92,7 @@ def ingest_if_changed(owner: str) -> Job | None:
     except DurableError:
         log.exception("could not enqueue the recovery-events ingest", extra={"path": path})
         return None
-    if job.created:
+    if getattr(job, "created", True):  # set by enqueue(), not a column
         log.info("recovery-events ingest enqueued", extra={"job": job.pk, "path": path})
     return job
 
@@ -258,7 +260,7 @@ def on_recovery_event(
 
 def connect() -> None:
     """Called once from ``RecoveryConfig.ready()``; ``dispatch_uid`` makes repeats harmless."""
-    pairs = [
+    pairs: list[tuple[Signal, Callable[..., None]]] = [
         (signals.job_reclaimed, on_job_reclaimed),
         (signals.job_needs_attention, on_job_needs_attention),
         (signals.security_refusal, on_security_refusal),

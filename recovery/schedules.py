@@ -64,7 +64,7 @@ def ingest_trigger(due: Due) -> Job | None:
     if not path or not file_changed(path):
         return None
     job = enqueue_ingest(path, owner=due.owner)
-    if job.created:
+    if getattr(job, "created", True):  # set by enqueue(), not a column
         log.info("recovery-events ingest enqueued", extra={"job": job.pk, "path": path})
     return job
 
@@ -139,7 +139,7 @@ def connect() -> None:
 @checks.register()
 def check_schedule_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """A typo in DURABLE_RETENTION(_CRON) is an error at deploy time, not a silent no-op."""
-    problems = []
+    problems: list[checks.CheckMessage] = []
     age = retention_age()
     if age is not None:
         try:

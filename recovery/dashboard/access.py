@@ -28,6 +28,7 @@ from durable.operations import Operation
 from recovery.records import record_security
 
 from . import rights
+from .responses import htmx_details
 
 AREA_NAMES = {"jobs": "jobs", "recovery": "Recovery events", "security": "the Security report",
               "schedules": "schedules"}  # fmt: skip
@@ -122,7 +123,7 @@ def count_refusal(request: HttpRequest, key: str, message: str, *, cwe: int = 28
 def refuse(request: HttpRequest, key: str, message: str) -> HttpResponse:
     """403 with a readable page (or fragment), counted in the Security report."""
     count_refusal(request, key, message)
-    template = "problems/_message.html" if request.htmx else "problems/403.html"
+    template = "problems/_message.html" if htmx_details(request) else "problems/403.html"
     response = render(request, template, {"level": "error", "message": message}, status=403)
     return dashboard_headers(response)
 
@@ -130,7 +131,7 @@ def refuse(request: HttpRequest, key: str, message: str) -> HttpResponse:
 def not_found(request: HttpRequest, message: str) -> HttpResponse:
     """404 as the message (htmx puts 4xx replies in #messages) or as a small page."""
     context = {"level": "error", "message": message, "title": "Not found"}
-    template = "problems/_message.html" if request.htmx else "problems/error.html"
+    template = "problems/_message.html" if htmx_details(request) else "problems/error.html"
     return render(request, template, context, status=404)
 
 
@@ -164,9 +165,9 @@ def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespo
     def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         user = request.user
         if not user.is_authenticated:
-            if request.htmx:
+            if htmx := htmx_details(request):
                 # Back to the page the user was on, not to the fragment's URL.
-                here = request.htmx.current_url_abs_path or request.get_full_path()
+                here = htmx.current_url_abs_path or request.get_full_path()
                 login = redirect_to_login(here)["Location"]
                 return dashboard_headers(HttpResponseClientRedirect(login))
             return dashboard_headers(redirect_to_login(request.get_full_path()))

@@ -35,6 +35,8 @@ from durable.states import Action
 from recovery.records import record_event
 
 from . import rollup
+from .access import can_act
+from .listing import job_filter
 
 OPERATION = "recovery.bulk_action"
 BATCH_SIZE = 500
@@ -78,8 +80,7 @@ class BulkAction(Operation):
         return cleaned
 
     def prepare(self, ctx: JobContext) -> None:
-        from .access import can_act  # the dashboard's rule, applied to the job's owner
-
+        # The dashboard's rule, applied to the job's owner.
         user = _owner(ctx.job_id)
         if user is None or not can_act(user, ctx.input["action"]):
             raise NonRetryable(
@@ -91,8 +92,6 @@ class BulkAction(Operation):
         return math.ceil(ctx.input["expected"] / BATCH_SIZE) + 1
 
     def units(self, ctx: JobContext) -> Iterator[Unit]:
-        from .listing import job_filter
-
         checkpoint = ctx.checkpoint or {}
         if checkpoint.get("reported"):
             return

@@ -24,86 +24,22 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
 
 from durable.models import Job, WorkerProcess, database_now
-from durable.policy import worker_alive
-from durable.queues import MAX_QUEUE_CHARS, pause_queue, paused_queues, resume_queue
+from durable.queues import pause_queue, paused_queues, resume_queue
+from durable.rules import QUEUE_NAME_MAX
 from durable.states import LEASED_STATES, JobState
 
-from . import audit, rights, rollup
-from . import throughput as tp
+from . import audit, rights
 from .access import held, refuse, staff_required, viewer_of
-from .query import clean_query, parse_choice
-from .views import page_context
+from .context import page_context, throughput_context
+from .query import clean_query
+from .serving import STATUS_LABELS, serving, worker_status
 
 RECENT_STOPS = timedelta(hours=24)  # stopped workers shown this long
 WORKERS_SHOWN = 200  # live ones
 STOPPED_SHOWN = 50  # the newest of those that stopped within RECENT_STOPS
-LIVE_HORIZON = timedelta(hours=1)  # rows read to find live workers (each judged by its lease)
 
 
 # --- workers ------------------------------------------------------------------------------
-
-STATUS_LABELS = {
-    "live": "Live",
-    "silent": "Lost (no heartbeat)",
-    "clean": "Stopped cleanly",
-    "lost": "Lost (killed or crashed)",
-    "unit-timeout": "Exit 70 (a unit overran its timeout)",
-    "stopped": "Stopped",
-}
-
-
-def worker_status(
-    *,
-    stopped_at: datetime | None,
-    exit_reason: str,
-    heartbeat_at: datetime,
-    lease_seconds: float,
-    now: datetime,
-) -> str:
-    """How a worker process is, or how it ended (a key of ``STATUS_LABELS``). Pure.
-
-    Exit 70 is recorded by the worker itself before it leaves, and stays even when a
-    peer later finds it gone; a worker that is silent beyond its own lease but not yet
-    found gone is "silent" — lost for all practical purposes.
-    """
-    if exit_reason == WorkerProcess.EXIT_UNIT_TIMEOUT:
-        return "unit-timeout"
-    if stopped_at is not None:
-        return exit_reason if exit_reason in STATUS_LABELS else "stopped"
-    if worker_alive(heartbeat_at=heartbeat_at, lease_seconds=lease_seconds, now=now):
-        return "live"
-    return "silent"
-
-
-def live_workers(now: datetime) -> list[WorkerProcess]:
-    rows = WorkerProcess.objects.not_stopped(now, LIVE_HORIZON).exclude(
-        exit_reason=WorkerProcess.EXIT_UNIT_TIMEOUT
-    )
-    return [
-        w
-        for w in rows
-        if worker_alive(heartbeat_at=w.heartbeat_at, lease_seconds=w.lease_seconds, now=now)
-    ]
-
-
-def serving(now: datetime) -> dict[str, list[str]]:
-    """Queue → ids of the live workers that claim from it."""
-    served: dict[str, list[str]] = {}
-    for worker in live_workers(now):
-        for queue in worker.queues or []:
-            served.setdefault(str(queue), []).append(worker.worker_id)
-    return served
-
-
-def why_waiting(job: Job, served: dict[str, list[str]], paused: set[str]) -> str:
-    """For a due queued job: why no worker takes it ("" when one should). Pure."""
-    if job.state != JobState.QUEUED:
-        return ""
-    if job.queue in paused:
-        return f"queue {job.queue} is paused"
-    if job.queue not in served:
-        return f"no live worker serves queue {job.queue}"
-    return ""
 
 
 @viewer_of("jobs")
@@ -254,7 +190,7 @@ def queue_change(request: HttpRequest, change: str) -> HttpResponse:
             f"no-permission:{change}-queue",
             f"You may not {change} queues ({rights.QUEUE_PERMISSION}).",
         )
-    name = clean_query(request.POST.get("queue"), MAX_QUEUE_CHARS)
+    name = clean_query(request.POST.get("queue"), QUEUE_NAME_MAX)
     if not name:
         messages.error(request, "Which queue? The form named none.")
         return redirect(back)
@@ -284,27 +220,3 @@ def queue_change(request: HttpRequest, change: str) -> HttpResponse:
     )
     (messages.success if changed else messages.info)(request, text)
     return redirect(back)
-
-
-# --- throughput ---------------------------------------------------------------------------
-
-
-def throughput_context(request: HttpRequest, now: datetime) -> dict[str, Any]:
-    """The chart and its controls, from ``?range=&queue=&operation=`` (forgiving)."""
-    range_name = parse_choice(request.GET.get("range"), tuple(tp.RANGES), "hour")
-    queue = clean_query(request.GET.get("queue"), MAX_QUEUE_CHARS)
-    operation = clean_query(request.GET.get("operation"), 100)
-    start = tp.first_slot(now, range_name)
-    if tp.RANGES[range_name][0] >= timedelta(hours=1):
-        # Hourly slots over a day or a week: settled hours from the durable rollup
-        # (counted once, the first time a chart needs them), the newest live.
-        counts = rollup.hourly_counts(start, now, range_name, queue=queue, operation=operation)
-    else:
-        counts = rollup.live_counts(start, range_name, queue=queue, operation=operation)
-    return {
-        "throughput": tp.throughput(tp.series(counts, now, range_name), range_name),
-        "tp_range": range_name,
-        "tp_ranges": [(name, label) for name, (_, _, label) in tp.RANGES.items()],
-        "tp_queue": queue,
-        "tp_operation": operation,
-    }

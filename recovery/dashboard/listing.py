@@ -36,9 +36,9 @@ from django.db.models import BooleanField, Case, IntegerField, Q, QuerySet, Sum,
 from django.db.models.expressions import RawSQL
 
 from durable.clientip import parse_address
-from durable.models import Job
+from durable.models import Job, JobQuerySet
 from durable.states import JobState
-from recovery.models import DailyCount, RecoveryEvent, SecurityEvent
+from recovery.models import DailyCount, RecoveryEvent, RecoveryEventQuerySet, SecurityEvent
 
 from . import sql
 from .query import (
@@ -118,7 +118,7 @@ def read_window(queryset: QuerySet, win: Window) -> list[Any]:
 # --- Recovery -----------------------------------------------------------------------------
 
 
-def recovery_status(queryset: QuerySet, status: str) -> QuerySet:
+def recovery_status(queryset: RecoveryEventQuerySet, status: str) -> RecoveryEventQuerySet:
     if status == "done":
         return queryset.done()
     if status == "failed":
@@ -369,7 +369,7 @@ _SEVERE = RawSQL(
 )
 
 
-def severe_events() -> QuerySet:
+def severe_events() -> RecoveryEventQuerySet:
     """Warnings and errors, servable by their partial index."""
     return RecoveryEvent.objects.filter(_SEVERE)
 
@@ -468,7 +468,7 @@ def security_listing(query: TableQuery) -> Listing:
 # --- Jobs ---------------------------------------------------------------------------------
 
 
-def job_filter(queryset: QuerySet, spec: dict[str, str], now: datetime) -> QuerySet:
+def job_filter(queryset: JobQuerySet, spec: dict[str, str], now: datetime) -> JobQuerySet:
     """Jobs matching a Jobs-page filter: ``state``, ``operation``, ``error``, ``q``.
 
     Shared by the list, the bulk-action confirmation and the bulk-action job,

@@ -16,6 +16,7 @@ import math
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 from urllib.parse import urlencode
 
 PER_PAGE_DEFAULT = 10
@@ -111,7 +112,7 @@ class TableQuery:
 
     def with_(self, **changes: object) -> TableQuery:
         """A copy with ``q``/``page``/``per_page`` or filter values changed."""
-        own = {k: v for k, v in changes.items() if k in ("q", "page", "per_page")}
+        own: dict[str, Any] = {k: v for k, v in changes.items() if k in ("q", "page", "per_page")}
         filters = dict(self.filters)
         for name, value in changes.items():
             if name not in own:

@@ -8,45 +8,19 @@ published to the configured webhooks and mail like one from the JSONL file.
 
 from __future__ import annotations
 
-from django import forms
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
-from recovery.models import EventType, Severity
+from recovery.models import EventType
 from recovery.notify import publish_recorded
-from recovery.parsing import MAX_SOURCE_CHARS, MAX_TYPE_CHARS
 from recovery.records import record_event
 
 from .access import can_record, refuse, request_ip, staff_required
-from .views import page_context
+from .context import page_context
+from .forms import RecordEventForm
 
-MAX_DETAIL_CHARS = 4000
 SOURCE = "admin-panel"
-
-
-class RecordEventForm(forms.Form):
-    type = forms.CharField(
-        max_length=MAX_TYPE_CHARS,
-        help_text="A known type (listed as you type) or any short name, e.g. restore-backup.",
-        widget=forms.TextInput(attrs={"list": "known-types", "autocomplete": "off"}),
-    )
-    severity = forms.ChoiceField(choices=Severity.choices, initial=Severity.INFO)
-    outcome = forms.ChoiceField(
-        choices=[("done", "Done"), ("failed", "Failed: still needs attention")], initial="done"
-    )
-    db = forms.CharField(max_length=MAX_SOURCE_CHARS, required=False, label="Database")
-    detail = forms.CharField(
-        max_length=MAX_DETAIL_CHARS, widget=forms.Textarea(attrs={"rows": 4}),
-        help_text="What happened and what was done; shown escaped, as written.",
-    )  # fmt: skip
-    deleted_data = forms.BooleanField(required=False, label="Data was deleted")
-
-    def clean_type(self) -> str:
-        value = " ".join(self.cleaned_data["type"].split())
-        if not value:
-            raise forms.ValidationError("A type is required.")
-        return value
 
 
 @staff_required

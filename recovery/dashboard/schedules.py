@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django import forms
 from django.contrib import messages
 from django.db.models import OuterRef, Q, Subquery
 from django.http import Http404, HttpRequest, HttpResponse
@@ -26,7 +25,6 @@ from durable.errors import InputRejected, UnknownOperation
 from durable.operations import registered
 from durable.schedules.models import Occurrence, Schedule
 from durable.schedules.service import add_schedule, describe_rule, remove_schedule, set_enabled
-from durable.schedules.timing import CatchUp, parse_interval
 
 from . import audit
 from .access import (
@@ -36,10 +34,12 @@ from .access import (
     start_refusal,
     viewer_of,
 )
-from .jobs import JsonInputForm, _input_form, _job_input, choose_operation, refusal_text
+from .context import page_context
+from .forms import ScheduleForm, attach_schedule_refusal, input_form, job_input
 from .listing import Listing
+from .operation_picker import choose_operation, refusal_text
 from .query import Filter, parse_table_query, window
-from .views import page_context, table_fragment, wants_fragment
+from .responses import table_fragment, wants_fragment
 
 CHANGES = ("enable", "disable", "delete")
 STATES = ("all", "enabled", "disabled")
@@ -166,103 +166,6 @@ def _audit(request: HttpRequest, schedule: Schedule, what: str, *, type: str = C
 # --- New schedule ----------------------------------------------------------------------------
 
 
-class ScheduleForm(forms.Form):
-    """When and how a schedule runs; what it runs is the operation's own input form."""
-
-    name = forms.CharField(max_length=100, help_text="Unique, e.g. nightly-backup.")
-    timing = forms.ChoiceField(
-        choices=[("cron", "At times (cron)"), ("interval", "Every interval")],
-        initial="cron",
-        widget=forms.RadioSelect,
-    )
-    cron = forms.CharField(
-        required=False,
-        max_length=200,
-        help_text="5 fields in the schedule's time zone: '30 3 * * *', '*/15 * * * MON-FRI', "
-        "@daily…",
-    )
-    every = forms.CharField(
-        required=False, max_length=20, label="Interval", help_text="90s, 15m, 1h, 1d, 2w."
-    )
-    time_zone = forms.CharField(
-        required=False, max_length=64, help_text="For cron, an IANA name; empty: TIME_ZONE."
-    )
-    catch_up = forms.ChoiceField(
-        choices=[
-            (CatchUp.LATEST.value, "After downtime, run the latest missed occurrence once"),
-            (CatchUp.SKIP.value, "After downtime, skip the missed occurrences"),
-        ],
-        initial=CatchUp.LATEST.value,
-        label="Catch-up",
-    )
-    overlap = forms.BooleanField(
-        required=False, help_text="Start a job even while the previous one is unfinished."
-    )
-    priority = forms.IntegerField(
-        min_value=-100, max_value=100, required=False, help_text="Empty: the operation's."
-    )
-    enabled = forms.BooleanField(required=False, initial=True)
-
-    def clean_name(self) -> str:
-        """The service's rule for a name, checked here so its refusals name the right field."""
-        name = self.cleaned_data["name"].strip()
-        if not name or any(ch.isspace() and ch != " " for ch in name):
-            raise forms.ValidationError("1 to 100 characters, no tabs or newlines.")
-        if Schedule.objects.filter(name=name).exists():
-            raise forms.ValidationError(f"a schedule named {name!r} exists")
-        return name
-
-    def clean(self) -> dict[str, Any]:
-        data = super().clean()
-        if data.get("timing") == "interval":
-            text = (data.get("every") or "").strip()
-            if not text:
-                self.add_error("every", "Give an interval, e.g. 15m.")
-            else:
-                try:
-                    data["interval"] = parse_interval(text)
-                except ValueError as exc:
-                    self.add_error("every", str(exc))
-            data["cron"] = ""
-        elif data.get("timing") == "cron":
-            if not (data.get("cron") or "").strip():
-                self.add_error("cron", "Give a cron expression, e.g. 30 3 * * *.")
-            data["interval"] = None
-        return data
-
-
-# The fields of ``add_schedule`` itself, as its refusals (InputRejected.field) name them;
-# any other field is the operation's input. "name" is both for an operation whose
-# input has a name (backup.database): ScheduleForm checks the schedule's own name
-# first, so a refusal on "name" from the service is the input's, unless it says
-# the schedule name is taken (a race with another user adding the same name).
-SCHEDULE_FIELDS = {
-    "name": "name",
-    "cron": "cron",
-    "interval": "every",
-    "time_zone": "time_zone",
-    "catch_up": "catch_up",
-    "priority": "priority",
-}
-
-
-def _attach(error: InputRejected, form: forms.Form, schedule_form: ScheduleForm) -> None:
-    """Show the service's refusal beside the field it names."""
-    field = error.field
-    input_name = field.removeprefix("input.")
-    ours = field in SCHEDULE_FIELDS and not (
-        field == "name" and "name" in form.fields and not error.reason.startswith("a schedule")
-    )
-    if ours:
-        schedule_form.add_error(SCHEDULE_FIELDS[field], error.reason)
-    elif input_name in form.fields:
-        form.add_error(input_name, error.reason)
-    elif isinstance(form, JsonInputForm):
-        form.add_error("input", f"{field}: {error.reason}")
-    else:
-        form.add_error(None, f"{field}: {error.reason}")
-
-
 @staff_required
 def new_schedule(request: HttpRequest) -> HttpResponse:
     """Pick an operation (only those this user may start), then its input and the timing."""
@@ -273,7 +176,7 @@ def new_schedule(request: HttpRequest) -> HttpResponse:
         return chosen
     name, operation, context = chosen.name, chosen.operation, chosen.context
     bound = request.method == "POST"
-    form = _input_form(operation, request.POST if bound else None)
+    form = input_form(operation, request.POST if bound else None)
     schedule_form = ScheduleForm(request.POST if bound else None, prefix="schedule")
     if bound and form.is_valid() and schedule_form.is_valid():
         data = schedule_form.cleaned_data
@@ -283,7 +186,7 @@ def new_schedule(request: HttpRequest) -> HttpResponse:
                 name,
                 cron=data["cron"] or None,
                 every=data["interval"],
-                input=_job_input(form),
+                input=job_input(form),
                 time_zone=data["time_zone"],
                 catch_up=data["catch_up"],
                 overlap=data["overlap"],
@@ -291,7 +194,7 @@ def new_schedule(request: HttpRequest) -> HttpResponse:
                 enabled=data["enabled"],
             )
         except InputRejected as error:
-            _attach(error, form, schedule_form)
+            attach_schedule_refusal(error, form, schedule_form)
         except UnknownOperation as error:
             schedule_form.add_error(None, str(error))
         else:

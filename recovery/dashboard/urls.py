@@ -2,7 +2,7 @@
 
 from django.urls import path, register_converter
 
-from . import console, jobs, record, schedules, views
+from . import console, job_actions, job_bulk, jobs, new_job, record, schedules, views
 
 
 class JobId:
@@ -27,10 +27,10 @@ urlpatterns = [
     path("recovery/record/", record.record, name="record-event"),
     path("security/", views.security, name="security"),
     path("jobs/", jobs.job_list, name="jobs"),
-    path("jobs/new/", jobs.new_job, name="new-job"),
-    path("jobs/bulk/", jobs.bulk, name="bulk"),
+    path("jobs/new/", new_job.new_job, name="new-job"),
+    path("jobs/bulk/", job_bulk.bulk, name="bulk"),
     path("jobs/<job:job_id>/", jobs.job_detail, name="job"),
-    path("jobs/<job:job_id>/<slug:action>/", jobs.job_action, name="job-action"),
+    path("jobs/<job:job_id>/<slug:action>/", job_actions.job_action, name="job-action"),
     path("queues/", console.queues, name="queues"),
     path("queues/<slug:change>/", console.queue_change, name="queue-change"),
     path("workers/", console.workers, name="workers"),

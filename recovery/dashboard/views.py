@@ -24,16 +24,8 @@ from durable.states import JobState
 from recovery.models import SecurityEvent
 
 from . import chart as charts
-from .access import (
-    allowed_actions,
-    can_add,
-    can_change_schedules,
-    can_record,
-    refuse,
-    staff_required,
-    viewer_of,
-    visible_areas,
-)
+from .access import refuse, staff_required, viewer_of, visible_areas
+from .context import page_context, throughput_context
 from .listing import (
     RECOVERY_FILTERS,
     RECOVERY_STATUSES,
@@ -45,49 +37,10 @@ from .listing import (
     recovery_totals,
     security_listing,
 )
-from .query import PER_PAGE_MAX, TableQuery, parse_table_query
+from .query import parse_table_query
+from .responses import table_fragment, wants_fragment
 
-PER_PAGE_CHOICES = (10, 25, 50, PER_PAGE_MAX)
 SUMMARY_ROWS = 10
-
-
-def wants_fragment(request: HttpRequest) -> bool:
-    """True for htmx requests that swap a part of the page (not a history restore)."""
-    return bool(request.htmx) and not request.htmx.history_restore_request
-
-
-TOOLBAR_ID = "toolbar"  # the search form of the table pages (table_page.html)
-
-
-def table_fragment(
-    request: HttpRequest, template: str, context: dict[str, Any], query: TableQuery
-) -> HttpResponse:
-    """A table page's results; to the toolbar, with the canonical address to push.
-
-    The form's own URL lists every field, defaults included
-    (``?q=&status=all&per_page=10``); the address bar should show the short,
-    canonical one the links use, so equal pages have equal addresses.
-    """
-    response = render(request, template, context)
-    if request.htmx.trigger == TOOLBAR_ID:
-        params = query.params()
-        response["HX-Push-Url"] = f"{request.path}?{params}" if params else request.path
-    return response
-
-
-def page_context(request: HttpRequest, section: str, **extra: Any) -> dict[str, Any]:
-    user = request.user
-    return {
-        "section": section,
-        "now": timezone.now(),
-        "may_view": visible_areas(user),
-        "may_add": can_add(user),
-        "may_record": can_record(user),
-        "may_add_schedule": can_change_schedules(user, "add"),
-        "allowed": allowed_actions(user),
-        "per_page_choices": PER_PAGE_CHOICES,
-        **extra,
-    }
 
 
 def job_counts() -> dict[str, int]:
@@ -126,8 +79,6 @@ def summary(request: HttpRequest) -> HttpResponse:
         return render(request, "problems/_in_progress.html", context)
     context = page_context(request, "summary", shown=shown)
     if shown["jobs"]:
-        from .console import throughput_context  # console builds on this module
-
         counts = job_counts()
         context.update(
             running=in_progress(),

@@ -288,13 +288,11 @@ def parse_records(records: Iterable[Record], *, columns: list[str] | None) -> Ba
     """``columns`` None: JSONL; else CSV with that header. Identity: (offset, CRC-32 of bytes)."""
     batch = Batch()
     for record in records:
-        parsed = (
-            parse_jsonl_record(record.raw)
-            if columns is None
-            else parse_csv_record(record.raw, columns)
-        )
-        if isinstance(parsed, LineEvent):
-            batch.events.append((record.offset, zlib.crc32(record.raw), parsed))
+        raw = record.raw
+        parsed = parse_jsonl_record(raw) if columns is None else parse_csv_record(raw, columns)
+        # A LineEvent's record is bytes (a TooLong one parses to Skip.TOO_LONG).
+        if isinstance(parsed, LineEvent) and not isinstance(raw, TooLong):
+            batch.events.append((record.offset, zlib.crc32(raw), parsed))
             batch.ips_dropped += parsed.ips_dropped
         else:
             reason = str(parsed)
@@ -336,7 +334,7 @@ def export_fields(event: Any) -> dict[str, Any]:
 
 
 def export_line(event: Any) -> bytes:
-    """One JSONL line (SPEC §6 format), newline included."""
+    """One JSONL line (the format of docs/how-to/feed-recovery-events.md), newline included."""
     fields = {k: v for k, v in export_fields(event).items() if v not in ("", [], None)}
     fields.setdefault("type", event.type)
     return json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"

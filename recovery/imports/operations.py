@@ -50,7 +50,7 @@ from durable.operations import Access, JobContext, Operation, Unit, register
 
 from ..models import RecoveryEvent
 from ..parsing import SKIP_LABELS
-from ..records import insert_lines
+from ..records.lines import insert_lines
 from .formats import (
     Batch,
     count_batches,

@@ -16,7 +16,8 @@ from durable import jobs
 from durable.models import Job
 from recovery.models import IngestCursor, IngestPath, RecoveryEvent
 from recovery.policy import Position
-from recovery.records import follow, name_for, record_event, record_security
+from recovery.records import record_event, record_security
+from recovery.records.cursors import follow, name_for
 
 pytestmark = pytest.mark.django_db
 

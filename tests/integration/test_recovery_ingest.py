@@ -24,7 +24,8 @@ from recovery.operations import job_summary
 from recovery.parsing import parse_line
 from recovery.policy import Position, line_key, line_prefix
 from recovery.receivers import enqueue_ingest
-from recovery.records import advance_cursor, follow, insert_lines, position_of
+from recovery.records.cursors import advance_cursor, follow, position_of
+from recovery.records.lines import insert_lines
 from recovery.tailer import canonical
 
 from .helpers import drain

@@ -15,10 +15,9 @@ from django.db import connection, transaction
 
 from durable import jobs
 from durable.models import Job
-from recovery import records
 from recovery.models import SecurityEvent
 from recovery.policy import MAX_ACTORS, tally
-from recovery.records import record_security
+from recovery.records import record_security, security
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -122,7 +121,7 @@ def test_inside_a_transaction__a_failing_record_never_raises_into_the_caller(mon
     def broken(values):
         raise RuntimeError("the database went away")
 
-    monkeypatch.setattr(records, "_count_security", broken)
+    monkeypatch.setattr(security, "_count_security", broken)
     with transaction.atomic():
         job = jobs.enqueue("durable.noop", {})
         assert record_security(**KIND) is None

@@ -48,7 +48,7 @@ class Command(BaseCommand):
             job = enqueue_ingest(path, owner="cli")
         except InputRejected as exc:
             raise CommandError(str(exc)) from None
-        if job.created:
+        if getattr(job, "created", True):  # set by enqueue(), not a column
             self.stdout.write(f"enqueued job {job.pk}: import {path}")
         else:
             self.stdout.write(f"an import of {path} is already {job.state} as job {job.pk}")

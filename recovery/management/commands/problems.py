@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from datetime import datetime
+from typing import Any
 
 from django.core.management.base import BaseCommand
 from django.db.models import Count
@@ -69,7 +70,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--limit", type=valid_limit, default=10, help="rows per section")
 
-    def handle(self, *args: object, **options: object) -> None:
+    def handle(self, *args: Any, **options: Any) -> None:
         limit = options["limit"]
         lines = [f"Problems — {when(timezone.now())} {timezone.get_current_timezone_name()}", ""]
         lines += self.jobs(limit)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -55,7 +56,7 @@ class Command(BaseCommand):
             help="an affected object; repeatable",
         )
 
-    def handle(self, *args: object, **options: object) -> None:
+    def handle(self, *args: Any, **options: Any) -> None:
         ids, titles = [], []
         for item in options["objects"]:
             object_id, _, title = str(item).partition("=")

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from durable import jobs, rescue
 from durable.models import Job, JobEvent, PausedQueue, WorkerProcess
-from recovery.dashboard.console import worker_status
+from recovery.dashboard.serving import worker_status
 from recovery.models import RecoveryEvent
 
 pytestmark = pytest.mark.django_db

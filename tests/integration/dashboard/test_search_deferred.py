@@ -19,7 +19,8 @@ from recovery.dashboard.query import parse_table_query
 from recovery.models import DailyCount, RecoveryEvent
 from recovery.parsing import parse_line
 from recovery.policy import line_prefix
-from recovery.records import insert_lines, record_event
+from recovery.records import record_event
+from recovery.records.lines import insert_lines
 from tests.integration.helpers import drain
 
 pytestmark = [
