@@ -22,10 +22,8 @@ from prometheus_client.metrics_core import Metric
 from ..models import Job, JobEvent, WorkerProcess, database_now
 from ..policy import worker_alive
 from ..states import JobState
+from .totals import RUN_BUCKETS, Tally, finished_totals
 
-# Upper bounds (seconds) of the run-time histogram: a webhook to a week-long export.
-RUN_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 1800.0, 3600.0, 21600.0, 86400.0)
-FINISHED = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
 STOPPED_WITHIN = timedelta(hours=1)  # "recently stopped" workers
 WORKER_STATES = ("live", "unresponsive", "stopped")
 
@@ -73,8 +71,7 @@ class DurableCollector:
     def collect(self) -> Iterator[Metric]:
         now = database_now()
         yield from self._jobs(now)
-        yield self._finished()
-        yield self._run_seconds()
+        yield from self._finished(now)
         yield self._reclaims()
         yield from self._workers(now)
         yield from self._gates(now)
@@ -107,50 +104,21 @@ class DurableCollector:
             oldest.add_metric([queue], 0.0)
         yield oldest
 
-    def _finished(self) -> Metric:
-        family = CounterMetricFamily(
+    def _finished(self, now: datetime) -> Iterator[Metric]:
+        totals = finished_totals(now)
+        finished = CounterMetricFamily(
             "durable_jobs_finished",
-            "Jobs finished, by outcome (completed, failed, cancelled), among the jobs kept.",
+            "Jobs finished, by outcome (completed, failed, cancelled).",
             labels=["queue", "operation", "outcome"],
         )
-        # Index-only: durable_job_finished (finished_at, state, queue, operation).
-        rows = (
-            Job.objects.filter(finished_at__isnull=False, state__in=FINISHED)
-            .order_by()
-            .values_list("queue", "operation", "state")
-            .annotate(n=Count("*"))
-        )
-        for queue, operation, state, n in rows:
-            family.add_metric([queue, operation, state], n)
-        return family
-
-    def _run_seconds(self) -> Metric:
-        table = connection.ops.quote_name(Job._meta.db_table)
-        if connection.vendor == "postgresql":
-            seconds = "EXTRACT(EPOCH FROM (finished_at - started_at))"
-        else:
-            seconds = "((julianday(finished_at) - julianday(started_at)) * 86400.0)"
-        sums = ", ".join(
-            f"SUM(CASE WHEN {seconds} <= {b!r} THEN 1 ELSE 0 END)" for b in RUN_BUCKETS
-        )
-        sql = (
-            f"SELECT queue, operation, {sums}, count(*), COALESCE(SUM({seconds}), 0) "  # noqa: S608
-            f"FROM {table} WHERE finished_at IS NOT NULL AND started_at IS NOT NULL "
-            "AND state IN ('completed', 'failed', 'cancelled') GROUP BY queue, operation"
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(sql)
-            fetched = cursor.fetchall()
-        n = len(RUN_BUCKETS)
-        return run_histogram(
-            (
-                row[0],
-                row[1],
-                [int(v or 0) for v in row[2 : 2 + n]],
-                int(row[2 + n]),
-                float(row[3 + n]),
-            )
-            for row in fetched
+        runs: dict[tuple[str, str], Tally] = {}
+        for (queue, operation, outcome), tally in sorted(totals.items()):
+            finished.add_metric([queue, operation, outcome], tally.count)
+            runs.setdefault((queue, operation), Tally()).add(tally)
+        yield finished
+        yield run_histogram(
+            (queue, operation, t.buckets, t.run_count, t.run_sum)
+            for (queue, operation), t in sorted(runs.items())
         )
 
     def _reclaims(self) -> Metric:
@@ -160,15 +128,24 @@ class DurableCollector:
             "was spent (no unit committed) — among the jobs kept.",
             labels=["operation", "attempt_spent"],
         )
-        rows = (
-            JobEvent.objects.filter(kind="reclaimed")
-            .order_by()
-            .values_list("job__operation", "data__attempt_spent")
-            .annotate(n=Count("*"))
+        events = connection.ops.quote_name(JobEvent._meta.db_table)
+        jobs = connection.ops.quote_name(Job._meta.db_table)
+        if connection.vendor == "postgresql":
+            spent = "e.data ->> 'attempt_spent'"
+        else:
+            spent = "json_extract(e.data, '$.attempt_spent')"
+        # kind stated literally: SQLite uses the partial index durable_jobevent_reclaims
+        # only when the query's condition is the index's own.
+        sql = (
+            f"SELECT j.operation, {spent}, count(*) FROM {events} e "  # noqa: S608
+            f"JOIN {jobs} j ON j.id = e.job_id WHERE e.kind = 'reclaimed' GROUP BY 1, 2"
         )
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+            rows = cursor.fetchall()
         counts: dict[tuple[str, str], int] = {}
         for operation, spent, n in rows:
-            key = (operation, "true" if spent else "false")
+            key = (operation, "true" if spent in (True, 1, "true") else "false")
             counts[key] = counts.get(key, 0) + n
         for (operation, spent), n in sorted(counts.items()):
             family.add_metric([operation, spent], n)

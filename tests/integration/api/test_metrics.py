@@ -13,7 +13,17 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from durable import jobs
-from durable.metrics.collector import FINISHED, WORKER_STATES, worker_state
+from durable.metrics.collector import WORKER_STATES, worker_state
+from durable.metrics.models import MetricsCursor
+from durable.metrics.totals import (
+    ADVANCE,
+    FINISHED,
+    RUN_BUCKETS,
+    SETTLE,
+    advance,
+    finished_totals,
+    next_upto,
+)
 from durable.models import Job
 from durable.states import JobState
 from recovery.metrics import event_counts
@@ -226,3 +236,44 @@ def test_scrape__counts_real_jobs_and_two_web_processes_agree(
                 if label == "le":
                     continue
                 assert text in allowed[label], (name, label, text)
+
+
+# --- the settled totals ------------------------------------------------------------------
+
+
+def test_next_upto__moves_only_by_a_whole_step_and_never_into_the_settle_window():
+    now = timezone.now()
+    assert next_upto(now - SETTLE - timedelta(seconds=30), now) is None
+    assert next_upto(now - SETTLE - ADVANCE, now) == now - SETTLE
+
+
+@pytest.mark.django_db
+def test_totals__a_purged_job_stays_counted_and_an_interval_is_added_once():
+    now = timezone.now()
+    hour_ago = now - timedelta(hours=1)
+    for seconds in (0.05, 2.0, 100.0):
+        Job.objects.create(
+            operation="test.rows",
+            state="completed",
+            started_at=hour_ago - timedelta(seconds=seconds),
+            finished_at=hour_ago,
+        )
+    Job.objects.create(operation="test.rows", state="failed", finished_at=now)  # live, never ran
+    totals = finished_totals(now)
+    done = totals[("default", "test.rows", "completed")]
+    assert (done.count, done.run_count) == (3, 3)
+    assert done.buckets[RUN_BUCKETS.index(0.1)] == 1
+    assert done.buckets[RUN_BUCKETS.index(5.0)] == 2
+    assert done.buckets[-1] == 3
+    assert done.run_sum == pytest.approx(102.05, abs=0.01)
+    assert totals[("default", "test.rows", "failed")].run_count == 0
+    assert MetricsCursor.objects.get().upto == now - SETTLE
+
+    Job.objects.filter(state="completed").delete()  # retention purges them
+    assert finished_totals(now)[("default", "test.rows", "completed")].count == 3
+    # A peer that read the old cursor and comes second adds nothing.
+    assert advance(hour_ago - timedelta(hours=1), now - SETTLE) is False
+    assert (
+        finished_totals(now + timedelta(minutes=2))[("default", "test.rows", "completed")].count
+        == 3
+    )
