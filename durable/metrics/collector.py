@@ -65,6 +65,9 @@ def _le(bound: float) -> str:
 class DurableCollector:
     """Reads the engine's tables when Prometheus scrapes; holds nothing between scrapes."""
 
+    def __init__(self) -> None:
+        self._queues: set[str] = set()  # the queues holding jobs, read by _jobs
+
     def describe(self) -> list[Metric]:
         return []  # families are only known by reading the database
 
@@ -100,7 +103,8 @@ class DurableCollector:
         for queue, first in ready:
             seen.add(queue)
             oldest.add_metric([queue], max((now - first).total_seconds(), 0.0))
-        for queue in {q for q, _, _ in rows} - seen:
+        self._queues = {q for q, _, _ in rows}
+        for queue in self._queues - seen:
             oldest.add_metric([queue], 0.0)
         yield oldest
 
@@ -180,6 +184,9 @@ class DurableCollector:
                     queues[str(queue)] += 1
         for state, n in counts.items():
             by_state.add_metric([state], n)
+        # Every queue holding jobs, too: one nobody serves must show 0, not be absent.
+        for queue in self._queues:
+            queues.setdefault(queue, 0)
         for queue, n in sorted(queues.items()):
             per_queue.add_metric([queue], n)
         yield by_state

@@ -205,6 +205,9 @@ def test_scrape__counts_real_jobs_and_two_web_processes_agree(
     )
     assert value(got, "durable_workers", state="live") == 0
     assert value(got, "durable_queue_live_workers", queue="default") == 0
+    # A queue nobody ever served shows 0 rather than being absent (an alert needs it).
+    live_per_queue = {s.labels["queue"]: s.value for s in got["durable_queue_live_workers"]}
+    assert live_per_queue.get("later") == 0
 
     # Whichever web process answers, the same figures (the age grows between the two).
     def steady(families: dict) -> dict:
