@@ -345,5 +345,5 @@ from .builtin.models import (  # noqa: E402,F401 - backup, restore, integrity sc
     IntegrityScope,
     InventoryEntry,
 )
-from .metrics.models import FinishedTotal, MetricsCursor  # noqa: E402,F401 - GET /metrics
+from .metrics.models import FinishedTotal, HttpRetryTotal, MetricsCursor  # noqa: E402,F401 - GET /metrics
 from .schedules.models import Occurrence, Schedule  # noqa: E402,F401 - scheduled rules

@@ -22,7 +22,7 @@ from prometheus_client.metrics_core import Metric
 from ..models import Job, JobEvent, WorkerProcess, database_now
 from ..policy import worker_alive
 from ..states import JobState
-from .totals import RUN_BUCKETS, Tally, finished_totals
+from .totals import RUN_BUCKETS, Tally, finished_totals, http_totals, settle
 
 STOPPED_WITHIN = timedelta(hours=1)  # "recently stopped" workers
 WORKER_STATES = ("live", "unresponsive", "stopped")
@@ -110,6 +110,7 @@ class DurableCollector:
 
     def _finished(self, now: datetime) -> Iterator[Metric]:
         totals = finished_totals(now)
+        yield from self._http(now)
         finished = CounterMetricFamily(
             "durable_jobs_finished",
             "Jobs finished, by outcome (completed, failed, cancelled).",
@@ -124,6 +125,24 @@ class DurableCollector:
             (queue, operation, t.buckets, t.run_count, t.run_sum)
             for (queue, operation), t in sorted(runs.items())
         )
+
+    def _http(self, now: datetime) -> Iterator[Metric]:
+        retries = CounterMetricFamily(
+            "durable_http_retries",
+            "Outbound HTTP calls rescheduled, per provider and why: the server's "
+            "Retry-After, or our backoff after an error.",
+            labels=["provider", "source"],
+        )
+        waits = CounterMetricFamily(
+            "durable_http_retry_wait_seconds",
+            "Seconds those retries made their jobs wait, per provider and source.",
+            labels=["provider", "source"],
+        )
+        for (provider, source), tally in sorted(http_totals(settle(now)).items()):
+            retries.add_metric([provider, source], tally.count)
+            waits.add_metric([provider, source], tally.wait_seconds)
+        yield retries
+        yield waits
 
     def _reclaims(self) -> Metric:
         family = CounterMetricFamily(

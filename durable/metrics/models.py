@@ -54,10 +54,32 @@ class FinishedTotal(models.Model):
         return f"{self.queue}/{self.operation} {self.outcome}: {self.count}"
 
 
+class HttpRetryTotal(models.Model):
+    """Outbound HTTP retries scheduled (before the cursor), per provider and why: the
+    server's ``Retry-After`` or our own backoff; and the seconds they made jobs wait."""
+
+    provider = models.CharField(max_length=100)
+    source = models.CharField(max_length=16)  # retry-after | backoff
+    count = models.PositiveBigIntegerField(default=0)
+    wait_seconds = models.FloatField(default=0.0)
+
+    class Meta:
+        db_table = "durable_metrics_http_retries"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["provider", "source"], name="durable_metrics_http_retries_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.provider} {self.source}: {self.count}"
+
+
 def forget(alias: str) -> None:
     """Drop the totals on ``alias``: the next scrape counts the jobs it holds again (a
     counter reset, which Prometheus expects after a restore)."""
     FinishedTotal.objects.using(alias).all().delete()
+    HttpRetryTotal.objects.using(alias).all().delete()
     MetricsCursor.objects.using(alias).all().delete()
 
 
@@ -65,7 +87,7 @@ def forget(alias: str) -> None:
 # would change them under its comparison); they are counted again on the target.
 register_derived(
     "durable.metrics",
-    tables=("durable.metricscursor", "durable.finishedtotal"),
-    sources=("durable.job",),
+    tables=("durable.metricscursor", "durable.finishedtotal", "durable.httpretrytotal"),
+    sources=("durable.job", "durable.jobevent"),
     rebuild=forget,
 )

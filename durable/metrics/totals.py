@@ -19,9 +19,9 @@ from typing import Any
 from django.db import DatabaseError, connection, transaction
 from django.db.models import F
 
-from ..models import Job
+from ..models import Job, JobEvent
 from ..states import JobState
-from .models import FinishedTotal, MetricsCursor
+from .models import FinishedTotal, HttpRetryTotal, MetricsCursor
 
 log = logging.getLogger("durable.metrics")
 
@@ -34,6 +34,10 @@ CURSOR = "finished"
 BEGINNING = datetime(2000, 1, 1, tzinfo=UTC)
 
 Key = tuple[str, str, str]  # queue, operation, outcome
+HttpKey = tuple[str, str]  # provider, source
+HTTP_RETRY_CLASS = "durable.http.errors.HttpRetryLater"
+HTTP_SOURCES = ("retry-after", "backoff")
+OTHER_PROVIDER = "other"  # a provider name the settings do not list: kept out of the labels
 
 
 @dataclass
@@ -101,6 +105,79 @@ def counted(start: datetime, end: datetime | None = None) -> dict[Key, Tally]:
     return out
 
 
+@dataclass
+class HttpTally:
+    """Retries of one provider and source, and the seconds they told jobs to wait."""
+
+    count: int = 0
+    wait_seconds: float = 0.0
+
+
+def classify_retry(message: str, providers: frozenset[str]) -> HttpKey:
+    """(provider, source) of an outbound HTTP retry from its recorded message, which
+    ``durable.http.client`` starts with the provider's name and ends, when the server
+    said when, with "(retry-after)". A provider the settings do not name counts as
+    "other", so that no free text becomes a label. Pure."""
+    name = message.split(":", 1)[0].strip()
+    provider = name if name in providers else OTHER_PROVIDER
+    return provider, "retry-after" if "(retry-after)" in message else "backoff"
+
+
+def known_providers() -> frozenset[str]:
+    from django.conf import settings
+
+    return frozenset(getattr(settings, "DURABLE_HTTP_PROVIDERS", None) or {}) | {"default"}
+
+
+def _as_utc(value: Any) -> datetime:
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def http_counted(start: datetime, end: datetime | None = None) -> dict[HttpKey, HttpTally]:
+    """Outbound HTTP retries scheduled in [start, end): the retry events' partial index
+    (its condition stated literally, so that SQLite uses it), HTTP ones picked in SQL."""
+    table = connection.ops.quote_name(JobEvent._meta.db_table)
+    if connection.vendor == "postgresql":
+        fact = "e.data ->> '{}'"
+    else:
+        fact = "json_extract(e.data, '$.{}')"
+    adapt = connection.ops.adapt_datetimefield_value
+    params: list[Any] = [adapt(start), HTTP_RETRY_CLASS]
+    until = ""
+    if end is not None:
+        until = " AND e.created_at < %s"
+        params.insert(1, adapt(end))
+    sql = (
+        f"SELECT e.message, e.created_at, {fact.format('next_attempt_at')} "  # noqa: S608
+        f"FROM {table} e WHERE e.kind = 'retry_scheduled' AND e.created_at >= %s{until} "
+        f"AND {fact.format('error_class')} = %s"
+    )
+    providers = known_providers()
+    out: dict[HttpKey, HttpTally] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        for message, created_at, due in cursor.fetchall():
+            tally = out.setdefault(classify_retry(message or "", providers), HttpTally())
+            tally.count += 1
+            if due:
+                wait = (_as_utc(due) - _as_utc(created_at)).total_seconds()
+                tally.wait_seconds += max(wait, 0.0)
+    return out
+
+
+def merge_http(*parts: dict[HttpKey, HttpTally]) -> dict[HttpKey, HttpTally]:
+    """The sum of several (provider, source) → HttpTally maps. Pure."""
+    out: dict[HttpKey, HttpTally] = {}
+    for part in parts:
+        for key, tally in part.items():
+            mine = out.setdefault(key, HttpTally())
+            mine.count += tally.count
+            mine.wait_seconds += tally.wait_seconds
+    return out
+
+
 def stored() -> tuple[datetime | None, dict[Key, Tally]]:
     cursor = MetricsCursor.objects.filter(name=CURSOR).values_list("upto", flat=True).first()
     totals = {
@@ -141,17 +218,39 @@ def advance(upto: datetime | None, to: datetime) -> bool:
                     run_sum=F("run_sum") + tally.run_sum,
                     run_buckets=[a + b for a, b in zip(have, tally.buckets, strict=True)],
                 )
+            for (provider, source), http in http_counted(upto, to).items():
+                HttpRetryTotal.objects.get_or_create(provider=provider, source=source)
+                HttpRetryTotal.objects.filter(provider=provider, source=source).update(
+                    count=F("count") + http.count,
+                    wait_seconds=F("wait_seconds") + http.wait_seconds,
+                )
     except DatabaseError:
         log.warning("finished-job totals not advanced; counted live", exc_info=True)
         return False
     return True
 
 
-def finished_totals(now: datetime) -> dict[Key, Tally]:
-    """Every finished job since the totals began, by queue, operation and outcome."""
-    upto, _ = stored()
+def settle(now: datetime) -> datetime:
+    """Advance the totals if due; the cursor they reach (what to count live from)."""
+    upto = MetricsCursor.objects.filter(name=CURSOR).values_list("upto", flat=True).first()
     target = next_upto(upto or BEGINNING, now)
     if target is not None:
         advance(upto, target)
-    upto, totals = stored()
-    return merge(totals, counted(upto or BEGINNING))
+    upto = MetricsCursor.objects.filter(name=CURSOR).values_list("upto", flat=True).first()
+    return upto or BEGINNING
+
+
+def finished_totals(now: datetime) -> dict[Key, Tally]:
+    """Every finished job since the totals began, by queue, operation and outcome."""
+    upto = settle(now)
+    _, totals = stored()
+    return merge(totals, counted(upto))
+
+
+def http_totals(upto: datetime) -> dict[HttpKey, HttpTally]:
+    """Every outbound HTTP retry since the totals began (call after ``settle``)."""
+    kept = {
+        (t.provider, t.source): HttpTally(count=t.count, wait_seconds=t.wait_seconds)
+        for t in HttpRetryTotal.objects.all()
+    }
+    return merge_http(kept, http_counted(upto))

@@ -18,10 +18,13 @@ from durable.metrics.models import MetricsCursor
 from durable.metrics.totals import (
     ADVANCE,
     FINISHED,
+    HTTP_SOURCES,
+    OTHER_PROVIDER,
     RUN_BUCKETS,
     SETTLE,
     advance,
     finished_totals,
+    known_providers,
     next_upto,
 )
 from durable.models import Job
@@ -38,6 +41,8 @@ FAMILIES = {
     "durable_workers",
     "durable_queue_live_workers",
     "durable_http_gate_slots_in_use",
+    "durable_http_retries",
+    "durable_http_retry_wait_seconds",
     "recovery_events",
     "durable_security_refusals",
 }
@@ -231,6 +236,8 @@ def test_scrape__counts_real_jobs_and_two_web_processes_agree(
         "attempt_spent": {"true", "false"},
         "failed": {"true", "false"},
         "severity": set(Severity.values),
+        "provider": set(known_providers()) | {OTHER_PROVIDER},
+        "source": set(HTTP_SOURCES),
         "category": {"api-auth"} | set(SecurityEvent.objects.values_list("category", flat=True)),
     }
     for name, samples in got.items():
