@@ -452,6 +452,13 @@ def main() -> None:
     ]
     # GET /metrics, as Prometheus scrapes it (a staff session here; a token costs one
     # indexed read more). Every scrape reads the database: nothing is cached.
+    from durable.metrics.models import forget
+
+    forget("default")  # the first scrape adds every settled finished job to the totals once
+    started = time.perf_counter()
+    client.get("/metrics")
+    first = (time.perf_counter() - started) * 1000
+    print(f"first scrape, counting the settled finished jobs once: {first:.0f} ms")
     median, p95 = timed(client, "/metrics", args.repeat)
     verdict = "ok" if p95 <= METRICS_TARGET_MS else "OVER"
     print(f"{'GET /metrics (one scrape)':52} {median:7.1f}ms {p95:7.1f}ms  "
