@@ -89,13 +89,14 @@ def counted(start: datetime, end: datetime | None = None) -> dict[Key, Tally]:
     sql = (
         f"SELECT queue, operation, state, count(*), count(started_at), "  # noqa: S608
         f"COALESCE(SUM({seconds}), 0), {buckets} FROM {table} "
-        f"WHERE finished_at >= %s{until} AND state IN ('completed', 'failed', 'cancelled') "
-        "GROUP BY queue, operation, state"
+        f"WHERE finished_at >= %s{until} GROUP BY queue, operation, state"
     )
     out: dict[Key, Tally] = {}
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         for queue, operation, state, n, ran, total, *per_bucket in cursor.fetchall():
+            if state not in FINISHED:  # filtered here: a state condition in SQL makes
+                continue  # SQLite pick the state index over the finished_at range
             out[(queue, operation, state)] = Tally(
                 count=int(n),
                 run_count=int(ran),
@@ -129,7 +130,8 @@ def known_providers() -> frozenset[str]:
     return frozenset(getattr(settings, "DURABLE_HTTP_PROVIDERS", None) or {}) | {"default"}
 
 
-def _as_utc(value: Any) -> datetime:
+def as_utc(value: Any) -> datetime:
+    """A timestamp as the raw cursor gives it (SQLite: UTC text) as an aware UTC datetime."""
     if isinstance(value, str):
         value = datetime.fromisoformat(value)
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
@@ -162,7 +164,7 @@ def http_counted(start: datetime, end: datetime | None = None) -> dict[HttpKey, 
             tally = out.setdefault(classify_retry(message or "", providers), HttpTally())
             tally.count += 1
             if due:
-                wait = (_as_utc(due) - _as_utc(created_at)).total_seconds()
+                wait = (as_utc(due) - as_utc(created_at)).total_seconds()
                 tally.wait_seconds += max(wait, 0.0)
     return out
 

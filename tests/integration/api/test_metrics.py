@@ -28,9 +28,8 @@ from durable.metrics.totals import (
     next_upto,
 )
 from durable.models import Job
-from durable.states import JobState
-from recovery.metrics import event_counts
-from recovery.models import RecoveryEvent, SecurityEvent, Severity
+from durable.states import UNFINISHED_STATES
+from recovery.models import RecoveryEvent, SecurityEvent
 
 FAMILIES = {
     "durable_jobs",
@@ -81,14 +80,6 @@ def test_worker_state__by_stop_and_heartbeat():
     assert worker_state(stopped_at=now, heartbeat_at=now, lease_seconds=10, now=now) == "stopped"
 
 
-def test_event_counts__info_is_what_the_severe_leave():
-    severe = {("warning", True): 2, ("error", False): 3}
-    counts = event_counts(total=20, failed=5, severe=severe)
-    assert counts[("info", True)] == 3
-    assert counts[("info", False)] == 12
-    assert sum(counts.values()) == 20
-
-
 # --- access -----------------------------------------------------------------------------
 
 
@@ -125,7 +116,7 @@ def test_access__token_scope_and_staff_session(make_client):
 
 
 @pytest.mark.django_db
-def test_recovery_events__by_severity_and_failed(make_client):
+def test_recovery_events__by_failed_and_refusals_by_category(make_client):
     _, reader = make_client("prom", ("metrics:read",))
     for severity, done, n in (
         ("info", True, 4),
@@ -141,17 +132,10 @@ def test_recovery_events__by_severity_and_failed(make_client):
         .get("/metrics", headers={"Authorization": f"Bearer {reader}"})
         .content.decode()
     )
-    expected = {
-        ("info", "false"): 4,
-        ("info", "true"): 1,
-        ("error", "true"): 2,
-        ("warning", "false"): 3,
-    }
-    for (severity, failed), n in expected.items():
-        assert value(got, "recovery_events_total", severity=severity, failed=failed) == n
+    # done: True and None (legacy) are done; False is failed.
+    assert value(got, "recovery_events_total", failed="true") == 3
+    assert value(got, "recovery_events_total", failed="false") == 7
     assert value(got, "durable_security_refusals_total", category="ssrf") == 7
-    severities = {s.labels["severity"] for s in got["recovery_events"]}
-    assert severities <= set(Severity.values)
 
 
 # --- real workers, two real web processes -----------------------------------------------
@@ -193,8 +177,8 @@ def test_scrape__counts_real_jobs_and_two_web_processes_agree(
     figures = [parse(text) for text in texts]
     got = figures[0]
 
-    assert value(got, "durable_jobs", queue="default", state="completed") == 2
-    assert value(got, "durable_jobs", queue="default", state="failed") == 1
+    # durable_jobs: the unfinished states only (finished: durable_jobs_finished).
+    assert {s.labels["state"] for s in got["durable_jobs"]} == {"queued"}
     assert value(got, "durable_jobs", queue="later", state="queued") == 1
     assert value(got, "durable_queue_oldest_ready_age_seconds", queue="later") >= 120
     assert value(got, "durable_queue_oldest_ready_age_seconds", queue="default") == 0
@@ -231,11 +215,10 @@ def test_scrape__counts_real_jobs_and_two_web_processes_agree(
     allowed = {
         "queue": queues,
         "operation": operations,
-        "state": set(JobState.values) | set(WORKER_STATES),
+        "state": {str(s) for s in UNFINISHED_STATES} | set(WORKER_STATES),
         "outcome": {str(s) for s in FINISHED},
         "attempt_spent": {"true", "false"},
         "failed": {"true", "false"},
-        "severity": set(Severity.values),
         "provider": set(known_providers()) | {OTHER_PROVIDER},
         "source": set(HTTP_SOURCES),
         "category": {"api-auth"} | set(SecurityEvent.objects.values_list("category", flat=True)),
