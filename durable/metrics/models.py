@@ -5,7 +5,7 @@ and more. So the jobs that finished before ``SETTLE`` ago are added, once, to
 ``FinishedTotal`` (per queue, operation and outcome, with the run-time histogram's
 buckets), and ``MetricsCursor`` says up to when; a scrape reads those totals and counts
 only the jobs finished since the cursor. Purging or retrying jobs by hand never lowers
-a total. Written by the scrape that first needs an interval (about once a minute), never
+a total. Written by the scrape that first needs an interval (at most every 30 seconds), never
 by the engine's hot path.
 """
 

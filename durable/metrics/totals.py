@@ -28,8 +28,10 @@ log = logging.getLogger("durable.metrics")
 # Upper bounds (seconds) of the run-time histogram: a webhook to a day-long export.
 RUN_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 1800.0, 3600.0, 21600.0, 86400.0)
 FINISHED = (JobState.COMPLETED.value, JobState.FAILED.value, JobState.CANCELLED.value)
-SETTLE = timedelta(minutes=5)
-ADVANCE = timedelta(minutes=1)
+# The gap between a finish's stamp and its commit is a lock wait (seconds); two minutes
+# is ample, and keeps the live part — counted on every scrape — to a few minutes of jobs.
+SETTLE = timedelta(minutes=2)
+ADVANCE = timedelta(seconds=30)
 CURSOR = "finished"
 BEGINNING = datetime(2000, 1, 1, tzinfo=UTC)
 

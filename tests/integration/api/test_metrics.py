@@ -236,7 +236,7 @@ def test_scrape__counts_real_jobs_and_two_web_processes_agree(
 
 def test_next_upto__moves_only_by_a_whole_step_and_never_into_the_settle_window():
     now = timezone.now()
-    assert next_upto(now - SETTLE - timedelta(seconds=30), now) is None
+    assert next_upto(now - SETTLE - ADVANCE / 2, now) is None
     assert next_upto(now - SETTLE - ADVANCE, now) == now - SETTLE
 
 
