@@ -243,6 +243,10 @@ class JobEvent(models.Model):
                 name="durable_jobevent_retries",
                 condition=Q(kind="retry_scheduled"),
             ),
+            # GET /metrics counts reclaims (durable.metrics): rare, so a small index.
+            models.Index(
+                fields=["job_id"], name="durable_jobevent_reclaims", condition=Q(kind="reclaimed")
+            ),
         ]
         constraints = [
             models.UniqueConstraint(fields=["job", "seq"], name="durable_jobevent_seq_unique"),
@@ -341,4 +345,5 @@ from .builtin.models import (  # noqa: E402,F401 - backup, restore, integrity sc
     IntegrityScope,
     InventoryEntry,
 )
+from .metrics.models import FinishedTotal, HttpRetryTotal, MetricsCursor  # noqa: E402,F401 - GET /metrics
 from .schedules.models import Occurrence, Schedule  # noqa: E402,F401 - scheduled rules

@@ -38,6 +38,11 @@ class RecoveryConfig(AppConfig):
             rebuild=rollup.forget,
         )
         register_journal("recovery.recoveryevent")
+        from durable.metrics import register_collector
+
+        from .metrics import RecoveryCollector
+
+        register_collector("recovery", RecoveryCollector)
         # The standing schedules (ingest, retention) exist as soon as the tables do.
         post_migrate.connect(
             schedules.on_post_migrate, sender=self, dispatch_uid="recovery.schedules.post_migrate"

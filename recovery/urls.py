@@ -19,4 +19,5 @@ urlpatterns = [
     path("problems/", include("recovery.dashboard.urls")),
     path("admin/", admin.site.urls),
     path("api/", include("durable.api.urls")),
+    path("metrics", include("durable.metrics.urls")),
 ]

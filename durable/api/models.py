@@ -11,7 +11,15 @@ from ..states import FINISHED_STATES
 
 # Independent of each other: jobs:write does not imply jobs:read, nor jobs:admin either.
 ADMIN_SCOPE = "jobs:admin"
-SCOPES = ("jobs:read", "jobs:write", ADMIN_SCOPE, "schedules:read", "schedules:write")
+METRICS_SCOPE = "metrics:read"  # GET /metrics (durable.metrics)
+SCOPES = (
+    "jobs:read",
+    "jobs:write",
+    ADMIN_SCOPE,
+    "schedules:read",
+    "schedules:write",
+    METRICS_SCOPE,
+)
 SCOPE_HELP = {
     "jobs:read": "list and read jobs and their events",
     "jobs:write": "submit jobs; cancel, pause, resume, retry its own jobs",
@@ -19,6 +27,7 @@ SCOPE_HELP = {
     "and actions on every client's jobs",
     "schedules:read": "list and read scheduled rules",
     "schedules:write": "create, enable, disable and delete scheduled rules",
+    METRICS_SCOPE: "read GET /metrics (Prometheus)",
 }
 
 
