@@ -12,6 +12,7 @@ from django.db.models import Q, Sum
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from .dashboard.listing import recovery_totals
 from .models import SecurityEvent
 
 
@@ -20,8 +21,6 @@ class RecoveryCollector:
         return []
 
     def collect(self) -> Iterator[Metric]:
-        from .dashboard.listing import recovery_totals
-
         events = CounterMetricFamily(
             "recovery_events",
             "Recovery events kept, by whether the recovery failed.",
