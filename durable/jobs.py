@@ -21,7 +21,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from . import signals
+from . import signals, tracing
 from .errors import InputRejected
 from .models import Job, JobEvent
 from .operations import Operation, get_operation, max_input_bytes
@@ -174,6 +174,7 @@ def enqueue(
         on_restart or op.on_restart,
         max_attempts,
     )
+    common["trace_context"] = tracing.context_for_enqueue(op.name, common["queue"])
     now = timezone.now()
     if unique_key is None:
         unique_key = op.unique_key(data)
@@ -251,6 +252,7 @@ def enqueue_many(
     policy_value = on_restart or op.on_restart
     prio = op.priority if priority is None else priority
     common = _common_fields(op, owner, tenant, queue, prio, policy_value, max_attempts)
+    common["trace_context"] = tracing.context_for_enqueue(op.name, common["queue"])
     inputs = list(inputs)
     if unique_keys is not None and len(unique_keys) != len(inputs):
         raise InputRejected("unique_keys", "must have one entry per input")

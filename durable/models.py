@@ -134,6 +134,10 @@ class Job(models.Model):
     lease_epoch = models.PositiveBigIntegerField(default=0, help_text="Fencing token.")
     event_seq = models.PositiveIntegerField(default=0)
 
+    # The W3C trace context of the code that enqueued it (JSON of traceparent and
+    # tracestate; "" without tracing): every attempt's span continues that trace.
+    trace_context = models.TextField(blank=True, default="", db_default="", editable=False)
+
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)

@@ -33,7 +33,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from . import faults, rescue, signals, turns, wakeup
+from . import faults, rescue, signals, tracing, turns, wakeup
 from . import lease as leases
 from .errors import LeaseLost, NonRetryable, RetryLater, Stopping, Unavailable, UnitTimeout
 from .lease import Lease
@@ -481,6 +481,12 @@ class Worker:
 
     def execute(self, lease: Lease, job: Job) -> None:
         """Run the claimed job's remaining units; always leaves the job in a settled state."""
+        with tracing.attempt_span(
+            job, attempt=job.attempts + 1, lease_epoch=lease.epoch, worker_id=self.worker_id
+        ):
+            self._execute(lease, job)
+
+    def _execute(self, lease: Lease, job: Job) -> None:
         op = get_operation(job.operation)
         ctx = JobContext(
             job_id=job.pk,
@@ -513,20 +519,26 @@ class Worker:
             ahead: Any = None  # a unit the look-ahead already took from the generator
             while (unit := ahead if ahead is not None else next(pending, None)) is not None:
                 if self._at_boundary(execution):
+                    tracing.outcome("handed_back")
                     return
                 ahead = self._run_unit(execution, unit, pending)
                 if ahead is _FINISHED:
+                    tracing.outcome("completed")
                     return  # the last unit's commit completed the job
             faults.reach("before_complete")
             execution.finishing = True
             leases.complete(lease)
+            tracing.outcome("completed")
         except LeaseLost as exc:
+            tracing.outcome("lease_lost")
             log.warning("lease lost; abandoning job", extra={"job": job.pk, "detail": str(exc)})
         except Stopping as exc:
             execution.finishing = True
+            tracing.outcome("stopped")
             self._stopped_early(execution, exc)
         except Unavailable as exc:
             execution.finishing = True
+            tracing.outcome("unavailable")
             self._settle_failure(leases.pause_unavailable, lease, str(exc))
         except Exception as exc:
             execution.finishing = True
@@ -658,9 +670,10 @@ class Worker:
             )
             return result
         faults.reach("before_unit")
-        result = op.run_unit(ctx, unit)
-        faults.reach("after_unit")
-        op.verify(ctx, unit, result)
+        with tracing.unit_span(ctx, unit):
+            result = op.run_unit(ctx, unit)
+            faults.reach("after_unit")
+            op.verify(ctx, unit, result)
         return result
 
     def _commit(self, execution: Execution, unit: Unit, result: Any) -> str:
@@ -717,6 +730,7 @@ class Worker:
                 seconds=backoff_delay(ctx.attempt, base=op.backoff_base, cap=op.backoff_max)
             )
             consume = True
+        tracing.failed(entry)
         ctx.logger.warning(
             "unit failed",
             extra={

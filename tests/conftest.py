@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from tests import traces
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 # A developer's own deployment settings must not leak into tests (a worker
 # started by a test would otherwise ingest the real recovery-events.jsonl).
@@ -126,3 +128,13 @@ def workers(tmp_path: Path) -> Iterator[Workers]:
         yield pool
     finally:
         pool.close()
+
+
+@pytest.fixture
+def spans() -> Iterator[Any]:
+    """A real OpenTelemetry SDK provider for the test, recording to memory."""
+    exporter = traces.in_memory()
+    try:
+        yield exporter
+    finally:
+        traces.uninstall()

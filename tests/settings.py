@@ -107,3 +107,9 @@ TASKS = {
         },
     },
 }
+
+# Worker subprocesses of the tracing tests record their spans to this file.
+if os.environ.get("TEST_TRACE_FILE"):
+    from tests import traces
+
+    traces.record_to_file(os.environ["TEST_TRACE_FILE"])

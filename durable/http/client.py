@@ -27,7 +27,7 @@ import httpx
 from django.db import connections
 from django.utils import timezone
 
-from .. import signals
+from .. import signals, tracing
 from ..models import in_callers_transaction
 from ..policy import truncate_utf8
 from . import gates, network
@@ -252,7 +252,13 @@ class HttpClient:
         with network.deadline(config.total_timeout):
             gate_pass = gates.acquire(config, holder=holder) if config.gated else None
             try:
-                response = self._exchange(request, target, secrets, accept)
+                with tracing.client_span(request.method, request.url, request.headers) as span:
+                    try:
+                        response = self._exchange(request, target, secrets, accept)
+                    except BaseException as exc:
+                        tracing.request_failed(span, exc)
+                        raise
+                    tracing.response_status(span, response.status)
             except (httpx.HTTPError, OSError) as exc:
                 # "from None": the chain holds h11's and the socket's own messages, which
                 # can quote a header value verbatim ("Illegal header value b'Bearer …'"),

@@ -21,12 +21,16 @@ from typing import Any
 import pytest
 from django.core.management import call_command, get_commands, load_command_class
 from django.core.management.base import CommandError
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from durable import operations
+from durable import operations, tracing
 from durable.http import client as http_client
 from durable.jobs import enqueue
 from durable.models import Job, UnitResult
 from durable.operations import Operation, Unit, register
+from tests import traces
 from tests.integration.helpers import drain
 from tests.integration.servers import HttpServer, Reply
 
@@ -72,6 +76,7 @@ RUN_BY = {
     ("docs/how-to/write-a-django-task.md", "transaction.on_commit(partial("): (
         f"{TASKS}::test_enqueue_on_commit_example"
     ),
+    ("docs/how-to/monitor.md", "provider = TracerProvider("): f"{HERE}::test_tracing_example",
     ("docs/how-to/write-a-django-task.md", "def import_account"): (
         f"{TASKS}::test_durable_steps_example__a_retry_repeats_only_the_step_that_failed"
     ),
@@ -366,3 +371,24 @@ def test_register_derived_example() -> None:
     finally:
         derived._derived.clear()
         derived._derived.update(before)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tracing_example() -> None:
+    """The "Monitor it" provider set-up, as written, turns tracing on for the engine."""
+    traces.uninstall()
+    namespace: dict[str, Any] = {}
+    try:
+        namespace = find("docs/how-to/monitor.md", "provider = TracerProvider(").run()
+        seen = InMemorySpanExporter()
+        namespace["provider"].add_span_processor(SimpleSpanProcessor(seen))
+        assert tracing.active()
+        with trace.get_tracer("example").start_as_current_span("request"):
+            job = enqueue("durable.noop", {})
+        assert json.loads(Job.objects.get(pk=job.pk).trace_context)["traceparent"]
+        assert drain(job.pk).state == "completed"
+        assert traces.by_name(list(seen.get_finished_spans()), "run durable.noop")
+    finally:
+        if "provider" in namespace:
+            namespace["provider"].shutdown()
+        traces.uninstall()
