@@ -33,8 +33,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import DatabaseError, IntegrityError, OperationalError, connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from ..models import database_now
@@ -49,6 +51,7 @@ SLOT_MARGIN = 10.0  # seconds beyond the total timeout before a slot counts as a
 # Passing a gate takes milliseconds; a row locked for longer than this is stuck, not busy.
 MAX_LOCK_WAIT = 5.0
 MIN_LOCK_WAIT = 0.05
+CAUSES = ("in_flight", "spacing")  # why a gate turns a request away
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,16 @@ class GateDecision:
     passed: bool
     retry_at: datetime | None = None
     reason: str = ""
+    cause: str = ""  # "in_flight" or "spacing" when not passed: a metrics label
+
+
+def turned_away(decision: GateDecision, now: datetime) -> dict[str, Any]:
+    """The gate row's counter updates for a request turned away. Pure."""
+    assert decision.retry_at is not None
+    assert decision.cause in CAUSES
+    waited = max((decision.retry_at - now).total_seconds(), 0.0)
+    column = f"waits_{decision.cause}"
+    return {column: F(column) + 1, "wait_seconds": F("wait_seconds") + waited}
 
 
 def decide(
@@ -77,14 +90,19 @@ def decide(
     if max_in_flight and in_flight >= max_in_flight:
         delay = retry_seconds * rng.uniform(0.5, 1.5)
         return GateDecision(
-            False, now + timedelta(seconds=delay), f"{in_flight} of {max_in_flight} in flight"
+            False,
+            now + timedelta(seconds=delay),
+            f"{in_flight} of {max_in_flight} in flight",
+            cause="in_flight",
         )
     if min_spacing_ms and last_start is not None:
         spacing = timedelta(milliseconds=min_spacing_ms)
         opens = last_start + spacing
         if now < opens:
             jitter = timedelta(milliseconds=min_spacing_ms * rng.uniform(0.0, 0.5))
-            return GateDecision(False, opens + jitter, f"within {min_spacing_ms} ms of the last")
+            return GateDecision(
+                False, opens + jitter, f"within {min_spacing_ms} ms of the last", cause="spacing"
+            )
     return GateDecision(True)
 
 
@@ -179,19 +197,19 @@ def _acquire(config: ProviderConfig, *, holder: str, wait: float) -> GatePass:
             min_spacing_ms=config.min_spacing_ms,
             retry_seconds=config.gate_retry_seconds,
         )
-        if not decision.passed:
-            assert decision.retry_at is not None
-            raise GateClosed(
-                f"{config.name}: gate closed ({decision.reason})", at=decision.retry_at
-            )
-        slot_id = None
-        if config.max_in_flight:
-            expires = now + timedelta(seconds=config.total_timeout + SLOT_MARGIN)
-            slot_id = GateSlot.objects.create(
-                provider=config.name, holder=holder[:255], acquired_at=now, expires_at=expires
-            ).pk
-        ProviderGate.objects.filter(pk=gate.pk).update(last_start_at=now)
-    return GatePass(config.name, slot_id, now)
+        if decision.passed:
+            slot_id = None
+            if config.max_in_flight:
+                expires = now + timedelta(seconds=config.total_timeout + SLOT_MARGIN)
+                slot_id = GateSlot.objects.create(
+                    provider=config.name, holder=holder[:255], acquired_at=now, expires_at=expires
+                ).pk
+            ProviderGate.objects.filter(pk=gate.pk).update(last_start_at=now)
+            return GatePass(config.name, slot_id, now)
+        # Counted, then committed: raising inside the block would roll the count back.
+        ProviderGate.objects.filter(pk=gate.pk).update(**turned_away(decision, now))
+    assert decision.retry_at is not None
+    raise GateClosed(f"{config.name}: gate closed ({decision.reason})", at=decision.retry_at)
 
 
 def release(gate_pass: GatePass) -> None:

@@ -13,6 +13,12 @@ class ProviderGate(models.Model):
 
     provider = models.CharField(max_length=100, unique=True)
     last_start_at = models.DateTimeField(null=True, blank=True)
+    # Requests this gate turned away, and the seconds it told their jobs to wait: for
+    # GET /metrics (durable_http_gate_waits). Counted under the row lock the decision
+    # already holds, so counting costs no lock and no row of its own.
+    waits_in_flight = models.PositiveBigIntegerField(db_default=0)
+    waits_spacing = models.PositiveBigIntegerField(db_default=0)
+    wait_seconds = models.FloatField(db_default=0.0)
 
     def __str__(self) -> str:
         return self.provider

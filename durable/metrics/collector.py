@@ -21,12 +21,19 @@ from prometheus_client.metrics_core import Metric
 
 from ..models import Job, JobEvent, WorkerProcess, database_now
 from ..policy import worker_alive
-from ..states import UNFINISHED_STATES
-from .totals import RUN_BUCKETS, Tally, as_utc, finished_totals, http_totals, settle
+from .totals import (
+    OTHER_PROVIDER,
+    RUN_BUCKETS,
+    Tally,
+    as_utc,
+    finished_totals,
+    http_totals,
+    known_providers,
+    settle,
+)
 
 STOPPED_WITHIN = timedelta(hours=1)  # "recently stopped" workers
 WORKER_STATES = ("live", "unresponsive", "stopped")
-UNFINISHED = tuple(sorted(str(s) for s in UNFINISHED_STATES))
 
 
 def worker_state(
@@ -83,18 +90,16 @@ class DurableCollector:
     def _jobs(self, now: datetime) -> Iterator[Metric]:
         by_state = GaugeMetricFamily(
             "durable_jobs",
-            "Unfinished jobs by queue and state, now (finished ones: durable_jobs_finished).",
+            "Jobs kept, by queue and state, now (finished ones until purged; every "
+            "finish ever: durable_jobs_finished).",
             labels=["queue", "state"],
         )
-        # The covering index durable_job_per_queue (state, queue, next_attempt_at), over
-        # the unfinished states only: the finished ones are most rows and are counted
-        # by the totals instead.
+        # One scan of the covering index durable_job_per_queue (state, queue,
+        # next_attempt_at): no table row is read.
         table = connection.ops.quote_name(Job._meta.db_table)
-        states = ", ".join(f"'{state}'" for state in UNFINISHED)  # fixed words, not input
         with connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT queue, state, count(*) FROM {table} "  # noqa: S608
-                f"WHERE state IN ({states}) GROUP BY queue, state"
+                f"SELECT queue, state, count(*) FROM {table} GROUP BY queue, state"  # noqa: S608
             )
             rows = cursor.fetchall()
         for queue, state, n in rows:
@@ -225,7 +230,7 @@ class DurableCollector:
         yield per_queue
 
     def _gates(self, now: datetime) -> Iterator[Metric]:
-        from ..http.models import GateSlot
+        from ..http.models import GateSlot, ProviderGate
 
         family = GaugeMetricFamily(
             "durable_http_gate_slots_in_use",
@@ -241,3 +246,30 @@ class DurableCollector:
         for provider, n in rows:
             family.add_metric([provider], n)
         yield family
+        waits = CounterMetricFamily(
+            "durable_http_gate_waits",
+            "Outbound HTTP requests a provider gate turned away (no attempt spent; the job "
+            "comes back later), per provider and cause: in_flight (the limit of requests "
+            "in flight) or spacing (too soon after the last start).",
+            labels=["provider", "cause"],
+        )
+        seconds = CounterMetricFamily(
+            "durable_http_gate_wait_seconds",
+            "Seconds those turn-aways made their jobs wait, per provider.",
+            labels=["provider"],
+        )
+        providers = known_providers()
+        counted: dict[str, tuple[int, int, float]] = {}
+        gates = ProviderGate.objects.values_list(
+            "provider", "waits_in_flight", "waits_spacing", "wait_seconds"
+        )
+        for provider, in_flight, spacing, waited in gates:
+            name = provider if provider in providers else OTHER_PROVIDER
+            a, b, c = counted.get(name, (0, 0, 0.0))
+            counted[name] = (a + in_flight, b + spacing, c + waited)
+        for name, (in_flight, spacing, waited) in sorted(counted.items()):
+            waits.add_metric([name, "in_flight"], in_flight)
+            waits.add_metric([name, "spacing"], spacing)
+            seconds.add_metric([name], waited)
+        yield waits
+        yield seconds

@@ -152,6 +152,23 @@ def recovery_totals() -> dict[str, int]:
     return totals
 
 
+def events_by_severity() -> dict[tuple[str, bool], int]:
+    """Events per (severity, failed), from the per-day counts plus, on SQLite, the tail."""
+    counts: dict[tuple[str, bool], int] = {}
+    rows = DailyCount.objects.values_list("severity", "failed").annotate(n=Sum("events")).order_by()
+    tail: list[tuple[str, Any, int]] = []
+    upto = sql.indexed_upto(connection)
+    if upto is not None:
+        query, params = _tail_sql(upto, "severity, done IS 0, count(*)", " GROUP BY 1, 2")
+        with connection.cursor() as cursor:
+            cursor.execute(query, params)
+            tail = cursor.fetchall()
+    for severity, failed, n in [*rows, *tail]:
+        key = (str(severity), bool(failed))
+        counts[key] = counts.get(key, 0) + int(n or 0)
+    return counts
+
+
 def daily_counts(first: date, last: date) -> dict[date, tuple[int, int]]:
     """(events, failed events) per day in [first, last], tail included on SQLite."""
     counts: dict[date, tuple[int, int]] = {}

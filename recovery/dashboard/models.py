@@ -22,18 +22,22 @@ class DailyCount(models.Model):
     day = models.DateField()
     failed = models.BooleanField(help_text="done is false")
     deleted = models.BooleanField(help_text="deleted_data")
+    # For GET /metrics (recovery_events{severity,failed}): one of recovery.models.Severity.
+    severity = models.CharField(max_length=7, default="info")
     events = models.BigIntegerField(default=0)
 
     class Meta:
         db_table = "recovery_dailycount"
         constraints = [
             models.UniqueConstraint(
-                fields=["day", "failed", "deleted"], name="recovery_dailycount_unique"
+                fields=["day", "failed", "deleted", "severity"], name="recovery_dailycount_unique"
             ),
         ]
 
     def __str__(self) -> str:
-        return f"{self.day} failed={self.failed} deleted={self.deleted}: {self.events}"
+        return (
+            f"{self.day} failed={self.failed} deleted={self.deleted} {self.severity}: {self.events}"
+        )
 
 
 class SearchCursor(models.Model):

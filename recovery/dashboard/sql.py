@@ -8,7 +8,7 @@
 
 PostgreSQL maintains both in the inserting statement: the GIN indexes are
 indexes, and per-statement triggers over the transition tables turn the
-ingest's 10,000-row inserts into one upsert per (day, failed, deleted), taken
+ingest's 10,000-row inserts into one upsert per (day, failed, deleted, severity), taken
 in a fixed order so two writers cannot deadlock.
 
 SQLite **defers** both: a trigram index updated row by row inside the ingest
@@ -24,16 +24,18 @@ by trigger (rare: events are append-only history).
 rebuilds the index and the counts from the table, so running it again is
 always safe. **A later migration that rebuilds ``recovery_recoveryevent`` on
 SQLite** (Django copies the table on most ``AlterField``s) drops its triggers:
-call ``install`` again at its end. ``tests/integration/dashboard/test_search.py``
+call ``install_in_migration`` again at its end. ``tests/integration/dashboard/test_search.py``
 fails if the triggers are missing.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 
 log = logging.getLogger("recovery.dashboard")
 
@@ -57,77 +59,121 @@ PG_TRGM_INDEXES = {
     "recovery_event_db_trgm": "db",
 }
 
-# --- SQLite -------------------------------------------------------------------------------
+# --- the keys of a count -----------------------------------------------------------------
 
+# The columns of recovery_dailycount that key a count, with the value of each for an
+# event row ``{row}``. ``severity`` came with migration 0007: the earlier migrations
+# install the SQL of their own day (``install_in_migration``), without it.
 _SQLITE_DAY = "substr(COALESCE({row}.ts, {row}.recorded_at), 1, 10)"
+_SQLITE_KEYS = {
+    "day": _SQLITE_DAY,
+    "failed": "{row}.done IS 0",
+    "deleted": "{row}.deleted_data = 1",
+    "severity": "{row}.severity",
+}
+_PG_DAY = "(COALESCE({row}.ts, {row}.recorded_at) AT TIME ZONE 'UTC')::date"
+_PG_KEYS = {
+    "day": _PG_DAY,
+    "failed": "{row}.done IS FALSE",
+    "deleted": "{row}.deleted_data",
+    "severity": "{row}.severity",
+}
+KEYS = tuple(_SQLITE_KEYS)
 # The day of an event row, for queries over the events table itself.
 SQLITE_DAY_OF_ROW = "substr(COALESCE(ts, recorded_at), 1, 10)"
 
 
-def _sqlite_count(row: str, delta: str) -> str:
-    day = _SQLITE_DAY.format(row=row)
+def _keys(by_severity: bool) -> tuple[str, ...]:
+    return KEYS if by_severity else KEYS[:-1]
+
+
+def _values(exprs: dict[str, str], keys: tuple[str, ...], row: str) -> str:
+    return ", ".join(exprs[key].format(row=row) for key in keys)
+
+
+def _positions(keys: tuple[str, ...]) -> str:
+    return ", ".join(str(n) for n in range(1, len(keys) + 1))
+
+
+# --- SQLite -------------------------------------------------------------------------------
+
+
+def _sqlite_count(row: str, delta: str, keys: tuple[str, ...]) -> str:
+    columns = ", ".join(keys)
     return (
-        f"INSERT INTO {COUNTS} (day, failed, deleted, events) "
-        f"VALUES ({day}, {row}.done IS 0, {row}.deleted_data = 1, {delta}) "
-        f"ON CONFLICT (day, failed, deleted) DO UPDATE SET events = events + ({delta});"
+        f"INSERT INTO {COUNTS} ({columns}, events) "
+        f"VALUES ({_values(_SQLITE_KEYS, keys, row)}, {delta}) "
+        f"ON CONFLICT ({columns}) DO UPDATE SET events = events + ({delta});"
     )
 
 
-def _sqlite_uncount(row: str) -> str:
+def _sqlite_uncount(row: str, keys: tuple[str, ...]) -> str:
     """Only ever decrements an existing row: if the counts were emptied first (a
     flush that deletes both tables), a delete must not leave a -1 behind."""
-    day = _SQLITE_DAY.format(row=row)
+    where = " AND ".join(f"{key} = ({_SQLITE_KEYS[key].format(row=row)})" for key in keys)
+    return f"UPDATE {COUNTS} SET events = events - 1 WHERE {where};"
+
+
+def _sqlite_recount(keys: tuple[str, ...], where: str = "") -> str:
+    columns = ", ".join(keys)
     return (
-        f"UPDATE {COUNTS} SET events = events - 1 WHERE day = {day} "
-        f"AND failed = ({row}.done IS 0) AND deleted = ({row}.deleted_data = 1);"
+        f"INSERT INTO {COUNTS} ({columns}, events) "
+        f"SELECT {_values(_SQLITE_KEYS, keys, EVENTS)}, count(*) FROM {EVENTS}{where} "
+        f"GROUP BY {_positions(keys)} "
+        f"ON CONFLICT ({columns}) DO UPDATE SET events = events + excluded.events"
     )
 
 
 # Only rows the index and the counts already hold are adjusted on delete/update.
 _INDEXED = f"old.id <= (SELECT indexed_upto FROM {CURSOR} WHERE id = 1)"
 
-SQLITE_INSTALL = [
-    f"CREATE VIRTUAL TABLE IF NOT EXISTS {FTS} USING fts5("
-    f"type, detail, db, content='{EVENTS}', content_rowid='id', tokenize='trigram')",
-    *(f"DROP TRIGGER IF EXISTS {name}" for name in SQLITE_RETIRED_TRIGGERS),
-    f"""CREATE TRIGGER IF NOT EXISTS recovery_event_fts_ad AFTER DELETE ON {EVENTS}
-        WHEN {_INDEXED} BEGIN
-        INSERT INTO {FTS} ({FTS}, rowid, type, detail, db)
-            VALUES ('delete', old.id, old.type, old.detail, old.db);
-    END""",
-    f"""CREATE TRIGGER IF NOT EXISTS recovery_event_fts_au
-        AFTER UPDATE OF type, detail, db ON {EVENTS} WHEN {_INDEXED} BEGIN
-        INSERT INTO {FTS} ({FTS}, rowid, type, detail, db)
-            VALUES ('delete', old.id, old.type, old.detail, old.db);
-        INSERT INTO {FTS} (rowid, type, detail, db) VALUES (new.id, new.type, new.detail, new.db);
-    END""",
-    f"""CREATE TRIGGER IF NOT EXISTS recovery_dailycount_ad AFTER DELETE ON {EVENTS}
-        WHEN {_INDEXED} BEGIN
-        {_sqlite_uncount("old")}
-    END""",
-    f"""CREATE TRIGGER IF NOT EXISTS recovery_dailycount_au
-        AFTER UPDATE OF ts, recorded_at, done, deleted_data ON {EVENTS} WHEN {_INDEXED} BEGIN
-        {_sqlite_uncount("old")}
-        {_sqlite_count("new", "1")}
-    END""",
-    # Rebuild from the table: right after creation and after any gap in the triggers.
-    f"INSERT INTO {FTS} ({FTS}) VALUES ('rebuild')",
-    f"DELETE FROM {COUNTS}",
-    f"""INSERT INTO {COUNTS} (day, failed, deleted, events)
-        SELECT {_SQLITE_DAY.format(row=EVENTS)}, done IS 0, deleted_data = 1, count(*)
-        FROM {EVENTS} GROUP BY 1, 2, 3""",
-    f"DELETE FROM {CURSOR}",
-    f"INSERT INTO {CURSOR} (id, indexed_upto) SELECT 1, COALESCE(max(id), 0) FROM {EVENTS}",
-]
+
+def sqlite_install(by_severity: bool = True) -> list[str]:
+    keys = _keys(by_severity)
+    watched = ", ".join(["ts", "recorded_at", "done", "deleted_data", *keys[3:]])
+    return [
+        f"CREATE VIRTUAL TABLE IF NOT EXISTS {FTS} USING fts5("
+        f"type, detail, db, content='{EVENTS}', content_rowid='id', tokenize='trigram')",
+        *(f"DROP TRIGGER IF EXISTS {name}" for name in SQLITE_RETIRED_TRIGGERS),
+        f"""CREATE TRIGGER IF NOT EXISTS recovery_event_fts_ad AFTER DELETE ON {EVENTS}
+            WHEN {_INDEXED} BEGIN
+            INSERT INTO {FTS} ({FTS}, rowid, type, detail, db)
+                VALUES ('delete', old.id, old.type, old.detail, old.db);
+        END""",
+        f"""CREATE TRIGGER IF NOT EXISTS recovery_event_fts_au
+            AFTER UPDATE OF type, detail, db ON {EVENTS} WHEN {_INDEXED} BEGIN
+            INSERT INTO {FTS} ({FTS}, rowid, type, detail, db)
+                VALUES ('delete', old.id, old.type, old.detail, old.db);
+            INSERT INTO {FTS} (rowid, type, detail, db)
+                VALUES (new.id, new.type, new.detail, new.db);
+        END""",
+        # Dropped and created again: an install over the other version's triggers
+        # must not keep them.
+        "DROP TRIGGER IF EXISTS recovery_dailycount_ad",
+        f"""CREATE TRIGGER recovery_dailycount_ad AFTER DELETE ON {EVENTS}
+            WHEN {_INDEXED} BEGIN
+            {_sqlite_uncount("old", keys)}
+        END""",
+        "DROP TRIGGER IF EXISTS recovery_dailycount_au",
+        f"""CREATE TRIGGER recovery_dailycount_au
+            AFTER UPDATE OF {watched} ON {EVENTS} WHEN {_INDEXED} BEGIN
+            {_sqlite_uncount("old", keys)}
+            {_sqlite_count("new", "1", keys)}
+        END""",
+        # Rebuild from the table: right after creation and after any gap in the triggers.
+        f"INSERT INTO {FTS} ({FTS}) VALUES ('rebuild')",
+        f"DELETE FROM {COUNTS}",
+        _sqlite_recount(keys),
+        f"DELETE FROM {CURSOR}",
+        f"INSERT INTO {CURSOR} (id, indexed_upto) SELECT 1, COALESCE(max(id), 0) FROM {EVENTS}",
+    ]
+
 
 # One batch of the catch-up, for ids in (%s, %s]; parameters: low, high.
 _SQLITE_CATCH_UP = [
     f"""INSERT INTO {FTS} (rowid, type, detail, db)
         SELECT id, type, detail, db FROM {EVENTS} WHERE id > %s AND id <= %s""",
-    f"""INSERT INTO {COUNTS} (day, failed, deleted, events)
-        SELECT {_SQLITE_DAY.format(row=EVENTS)}, done IS 0, deleted_data = 1, count(*)
-        FROM {EVENTS} WHERE id > %s AND id <= %s GROUP BY 1, 2, 3
-        ON CONFLICT (day, failed, deleted) DO UPDATE SET events = events + excluded.events""",
+    _sqlite_recount(KEYS, " WHERE id > %s AND id <= %s"),
 ]
 
 SQLITE_UNINSTALL = [
@@ -137,55 +183,66 @@ SQLITE_UNINSTALL = [
 
 # --- PostgreSQL ---------------------------------------------------------------------------
 
-_PG_DAY = "(COALESCE(ts, recorded_at) AT TIME ZONE 'UTC')::date"
 
-
-def _pg_upsert(rows: str) -> str:
+def _pg_upsert(rows: str, keys: tuple[str, ...]) -> str:
+    columns = ", ".join(keys)
+    positions = _positions(keys)
     return (
-        f"INSERT INTO {COUNTS} AS c (day, failed, deleted, events) "
-        f"SELECT {_PG_DAY}, done IS FALSE, deleted_data, count(*) FROM {rows} "
-        f"GROUP BY 1, 2, 3 ORDER BY 1, 2, 3 "
-        f"ON CONFLICT (day, failed, deleted) DO UPDATE SET events = c.events + EXCLUDED.events;"
+        f"INSERT INTO {COUNTS} AS c ({columns}, events) "
+        f"SELECT {_values(_PG_KEYS, keys, rows)}, count(*) FROM {rows} "
+        f"GROUP BY {positions} ORDER BY {positions} "
+        f"ON CONFLICT ({columns}) DO UPDATE SET events = c.events + EXCLUDED.events;"
     )
 
 
-def _pg_subtract(rows: str) -> str:
+def _pg_subtract(rows: str, keys: tuple[str, ...]) -> str:
     """Decrements existing rows only (see ``_sqlite_uncount``)."""
+    named = ", ".join(f"{_PG_KEYS[key].format(row=rows)} AS {key}" for key in keys)
+    where = " AND ".join(f"c.{key} = gone.{key}" for key in keys)
     return (
         f"UPDATE {COUNTS} AS c SET events = c.events - gone.n FROM ("
-        f"SELECT {_PG_DAY} AS day, done IS FALSE AS failed, deleted_data AS deleted, "
-        f"count(*) AS n FROM {rows} GROUP BY 1, 2, 3) AS gone "
-        f"WHERE c.day = gone.day AND c.failed = gone.failed AND c.deleted = gone.deleted;"
+        f"SELECT {named}, count(*) AS n FROM {rows} GROUP BY {_positions(keys)}) AS gone "
+        f"WHERE {where};"
     )
 
 
-PG_INSTALL = [
-    f"""CREATE OR REPLACE FUNCTION recovery_dailycount_ins() RETURNS trigger
-        LANGUAGE plpgsql AS $$ BEGIN {_pg_upsert("new_rows")} RETURN NULL; END $$""",
-    f"""CREATE OR REPLACE FUNCTION recovery_dailycount_del() RETURNS trigger
-        LANGUAGE plpgsql AS $$ BEGIN {_pg_subtract("old_rows")} RETURN NULL; END $$""",
-    f"""CREATE OR REPLACE FUNCTION recovery_dailycount_upd() RETURNS trigger
-        LANGUAGE plpgsql AS $$ BEGIN
-            {_pg_subtract("old_rows")}
-            {_pg_upsert("new_rows")}
-            RETURN NULL;
-        END $$""",
-    f"DROP TRIGGER IF EXISTS recovery_dailycount_ins ON {EVENTS}",
-    f"""CREATE TRIGGER recovery_dailycount_ins AFTER INSERT ON {EVENTS}
-        REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT
-        EXECUTE FUNCTION recovery_dailycount_ins()""",
-    f"DROP TRIGGER IF EXISTS recovery_dailycount_del ON {EVENTS}",
-    f"""CREATE TRIGGER recovery_dailycount_del AFTER DELETE ON {EVENTS}
-        REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT
-        EXECUTE FUNCTION recovery_dailycount_del()""",
-    f"DROP TRIGGER IF EXISTS recovery_dailycount_upd ON {EVENTS}",
-    f"""CREATE TRIGGER recovery_dailycount_upd AFTER UPDATE ON {EVENTS}
-        REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT
-        EXECUTE FUNCTION recovery_dailycount_upd()""",
-    f"DELETE FROM {COUNTS}",
-    f"""INSERT INTO {COUNTS} (day, failed, deleted, events)
-        SELECT {_PG_DAY}, done IS FALSE, deleted_data, count(*) FROM {EVENTS} GROUP BY 1, 2, 3""",
-]
+def _pg_recount(keys: tuple[str, ...]) -> str:
+    return (
+        f"INSERT INTO {COUNTS} ({', '.join(keys)}, events) "
+        f"SELECT {_values(_PG_KEYS, keys, EVENTS)}, count(*) FROM {EVENTS} "
+        f"GROUP BY {_positions(keys)}"
+    )
+
+
+def pg_install(by_severity: bool = True) -> list[str]:
+    keys = _keys(by_severity)
+    return [
+        f"""CREATE OR REPLACE FUNCTION recovery_dailycount_ins() RETURNS trigger
+            LANGUAGE plpgsql AS $$ BEGIN {_pg_upsert("new_rows", keys)} RETURN NULL; END $$""",
+        f"""CREATE OR REPLACE FUNCTION recovery_dailycount_del() RETURNS trigger
+            LANGUAGE plpgsql AS $$ BEGIN {_pg_subtract("old_rows", keys)} RETURN NULL; END $$""",
+        f"""CREATE OR REPLACE FUNCTION recovery_dailycount_upd() RETURNS trigger
+            LANGUAGE plpgsql AS $$ BEGIN
+                {_pg_subtract("old_rows", keys)}
+                {_pg_upsert("new_rows", keys)}
+                RETURN NULL;
+            END $$""",
+        f"DROP TRIGGER IF EXISTS recovery_dailycount_ins ON {EVENTS}",
+        f"""CREATE TRIGGER recovery_dailycount_ins AFTER INSERT ON {EVENTS}
+            REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT
+            EXECUTE FUNCTION recovery_dailycount_ins()""",
+        f"DROP TRIGGER IF EXISTS recovery_dailycount_del ON {EVENTS}",
+        f"""CREATE TRIGGER recovery_dailycount_del AFTER DELETE ON {EVENTS}
+            REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT
+            EXECUTE FUNCTION recovery_dailycount_del()""",
+        f"DROP TRIGGER IF EXISTS recovery_dailycount_upd ON {EVENTS}",
+        f"""CREATE TRIGGER recovery_dailycount_upd AFTER UPDATE ON {EVENTS}
+            REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT
+            EXECUTE FUNCTION recovery_dailycount_upd()""",
+        f"DELETE FROM {COUNTS}",
+        _pg_recount(keys),
+    ]
+
 
 PG_TRGM = [
     "CREATE EXTENSION IF NOT EXISTS pg_trgm",
@@ -205,14 +262,17 @@ PG_UNINSTALL = [
 # --- applying them ------------------------------------------------------------------------
 
 
-def install(connection: BaseDatabaseWrapper) -> None:
-    """Create (or re-create) the search index and counting triggers, then fill them."""
+def install(connection: BaseDatabaseWrapper, *, by_severity: bool = True) -> None:
+    """Create (or re-create) the search index and counting triggers, then fill them.
+
+    ``by_severity=False``: the SQL from before migration 0007, for the migrations
+    before it (``install_in_migration``)."""
     with connection.cursor() as cursor:
         if connection.vendor == "sqlite":
-            for statement in SQLITE_INSTALL:
+            for statement in sqlite_install(by_severity):
                 cursor.execute(statement)
         elif connection.vendor == "postgresql":
-            for statement in PG_INSTALL:
+            for statement in pg_install(by_severity):
                 cursor.execute(statement)
             try:
                 # A savepoint: without the extension (not installed on the
@@ -311,8 +371,7 @@ _PG_REBUILD = [
     # rebuilt: a concurrent insert is counted once, by its trigger, after us.
     f"LOCK TABLE {EVENTS} IN SHARE MODE",
     f"DELETE FROM {COUNTS}",
-    f"""INSERT INTO {COUNTS} (day, failed, deleted, events)
-        SELECT {_PG_DAY}, done IS FALSE, deleted_data, count(*) FROM {EVENTS} GROUP BY 1, 2, 3""",
+    _pg_recount(KEYS),
 ]
 
 
@@ -336,6 +395,15 @@ def rebuild(alias: str) -> None:
             for statement in _SQLITE_RESET:
                 cursor.execute(statement)
             catch_up(connection)
+
+
+def install_in_migration(apps: Any, schema_editor: BaseDatabaseSchemaEditor) -> None:
+    """For ``RunPython``: install the SQL that fits the migration's own DailyCount (with
+    or without ``severity``), so that every step of ``migrate``, forwards or back, leaves
+    triggers that name only columns which exist."""
+    model = apps.get_model("recovery", "DailyCount")
+    columns = {field.column for field in model._meta.concrete_fields}
+    install(schema_editor.connection, by_severity="severity" in columns)
 
 
 def uninstall(connection: BaseDatabaseWrapper) -> None:

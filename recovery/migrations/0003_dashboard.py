@@ -12,7 +12,7 @@ from django.db import migrations, models
 def install(apps, schema_editor):
     from recovery.dashboard import sql
 
-    sql.install(schema_editor.connection)
+    sql.install_in_migration(apps, schema_editor)
 
 
 def uninstall(apps, schema_editor):

@@ -81,7 +81,7 @@ def reinstall_dashboard_sql(apps, schema_editor):
         return  # PostgreSQL adds the constraint in place: its triggers stay
     from recovery.dashboard import sql
 
-    sql.install(schema_editor.connection)
+    sql.install_in_migration(apps, schema_editor)
 
 
 class Migration(migrations.Migration):

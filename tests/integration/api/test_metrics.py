@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import signal
 from datetime import timedelta
+from pathlib import Path
 
 import httpx
 import pytest
@@ -13,6 +15,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from durable import jobs
+from durable.http.gates import CAUSES
 from durable.metrics.collector import WORKER_STATES, worker_state
 from durable.metrics.models import MetricsCursor
 from durable.metrics.totals import (
@@ -28,8 +31,8 @@ from durable.metrics.totals import (
     next_upto,
 )
 from durable.models import Job
-from durable.states import UNFINISHED_STATES
-from recovery.models import RecoveryEvent, SecurityEvent
+from durable.states import JobState
+from recovery.models import RecoveryEvent, SecurityEvent, Severity
 
 FAMILIES = {
     "durable_jobs",
@@ -42,6 +45,8 @@ FAMILIES = {
     "durable_http_gate_slots_in_use",
     "durable_http_retries",
     "durable_http_retry_wait_seconds",
+    "durable_http_gate_waits",
+    "durable_http_gate_wait_seconds",
     "recovery_events",
     "durable_security_refusals",
 }
@@ -116,7 +121,17 @@ def test_access__token_scope_and_staff_session(make_client):
 
 
 @pytest.mark.django_db
-def test_recovery_events__by_failed_and_refusals_by_category(make_client):
+def test_docs__the_how_to_lists_exactly_the_families_a_scrape_gives(make_client):
+    """docs/how-to/monitor.md's table, against what the endpoint really writes."""
+    page = Path(__file__).resolve().parents[3] / "docs" / "how-to" / "monitor.md"
+    documented = set(re.findall(r"^\| `([a-z_]+)` \|", page.read_text(), flags=re.MULTILINE))
+    _, reader = make_client("prom", ("metrics:read",))
+    text = DjangoClient().get("/metrics", headers={"Authorization": f"Bearer {reader}"})
+    assert documented == set(parse(text.content.decode())) == FAMILIES
+
+
+@pytest.mark.django_db
+def test_recovery_events__by_severity_and_failed_and_refusals_by_category(make_client):
     _, reader = make_client("prom", ("metrics:read",))
     for severity, done, n in (
         ("info", True, 4),
@@ -135,7 +150,30 @@ def test_recovery_events__by_failed_and_refusals_by_category(make_client):
     # done: True and None (legacy) are done; False is failed.
     assert value(got, "recovery_events_total", failed="true") == 3
     assert value(got, "recovery_events_total", failed="false") == 7
+    assert value(got, "recovery_events_total", severity="info", failed="false") == 4
+    assert value(got, "recovery_events_total", severity="info", failed="true") == 1
+    assert value(got, "recovery_events_total", severity="error", failed="true") == 2
+    assert value(got, "recovery_events_total", severity="warning", failed="false") == 3
+    # Every (severity, failed) pair is present, zero or not: an alert rule never sees none.
+    pairs = {
+        (s.labels["severity"], s.labels["failed"])
+        for s in got["recovery_events"]
+        if s.name == "recovery_events_total"
+    }
+    assert pairs == {(v, f) for v in Severity.values for f in ("true", "false")}
     assert value(got, "durable_security_refusals_total", category="ssrf") == 7
+
+    # An event whose severity is corrected moves between the counts (the counting
+    # triggers follow updates of the severity too).
+    RecoveryEvent.objects.filter(severity="error").update(severity="warning")
+    again = parse(
+        DjangoClient()
+        .get("/metrics", headers={"Authorization": f"Bearer {reader}"})
+        .content.decode()
+    )
+    assert value(again, "recovery_events_total", severity="error") == 0
+    assert value(again, "recovery_events_total", severity="warning", failed="true") == 2
+    assert value(again, "recovery_events_total") == 10
 
 
 # --- real workers, two real web processes -----------------------------------------------
@@ -177,9 +215,12 @@ def test_scrape__counts_real_jobs_and_two_web_processes_agree(
     figures = [parse(text) for text in texts]
     got = figures[0]
 
-    # durable_jobs: the unfinished states only (finished: durable_jobs_finished).
-    assert {s.labels["state"] for s in got["durable_jobs"]} == {"queued"}
-    assert value(got, "durable_jobs", queue="later", state="queued") == 1
+    # durable_jobs: every job kept, by queue and state.
+    assert {(s.labels["queue"], s.labels["state"]): s.value for s in got["durable_jobs"]} == {
+        ("default", "completed"): 2,
+        ("default", "failed"): 1,
+        ("later", "queued"): 1,
+    }
     assert value(got, "durable_queue_oldest_ready_age_seconds", queue="later") >= 120
     assert value(got, "durable_queue_oldest_ready_age_seconds", queue="default") == 0
     assert (
@@ -215,12 +256,14 @@ def test_scrape__counts_real_jobs_and_two_web_processes_agree(
     allowed = {
         "queue": queues,
         "operation": operations,
-        "state": {str(s) for s in UNFINISHED_STATES} | set(WORKER_STATES),
+        "state": set(JobState.values) | set(WORKER_STATES),
         "outcome": {str(s) for s in FINISHED},
         "attempt_spent": {"true", "false"},
         "failed": {"true", "false"},
+        "severity": set(Severity.values),
         "provider": set(known_providers()) | {OTHER_PROVIDER},
         "source": set(HTTP_SOURCES),
+        "cause": set(CAUSES),
         "category": {"api-auth"} | set(SecurityEvent.objects.values_list("category", flat=True)),
     }
     for name, samples in got.items():

@@ -147,3 +147,39 @@ def test_acquire__a_gate_locked_by_a_stuck_transaction_closes_instead_of_blockin
         done.set()
         holder.join(10)
     gates.release(gates.acquire(config))  # and the gate works again once it is free
+
+
+def test_turn_aways__counted_on_the_gate_row_per_cause_with_the_wait():
+    full = build("full", {"max_in_flight": 1, "gate_retry_seconds": 2})
+    held = gates.acquire(full)
+    for _ in range(3):
+        with pytest.raises(GateClosed):
+            gates.acquire(full)
+    spaced = build("spaced", {"min_spacing_ms": 60_000})
+    gates.acquire(spaced)
+    with pytest.raises(GateClosed):
+        gates.acquire(spaced)
+    counts = {
+        gate.provider: (gate.waits_in_flight, gate.waits_spacing, gate.wait_seconds)
+        for gate in ProviderGate.objects.all()
+    }
+    in_flight, spacing, waited = counts["full"]
+    assert (in_flight, spacing) == (3, 0)
+    assert 3 * 1.0 <= waited <= 3 * 3.0  # 2 s jittered by 0.5-1.5, three times
+    in_flight, spacing, waited = counts["spaced"]
+    assert (in_flight, spacing) == (0, 1)
+    assert 59 <= waited <= 91  # until the gate opens, plus up to half the spacing
+    gates.release(held)
+    gates.acquire(full)  # a pass counts nothing
+    assert ProviderGate.objects.get(provider="full").waits_in_flight == 3
+
+
+def test_turned_away__adds_one_to_the_cause_and_the_wait_in_seconds():
+    now = timezone.now()
+    decision = gates.GateDecision(
+        False, now + timedelta(seconds=4), "2 of 2 in flight", cause="in_flight"
+    )
+    updates = gates.turned_away(decision, now)
+    assert set(updates) == {"waits_in_flight", "wait_seconds"}
+    late = gates.GateDecision(False, now - timedelta(seconds=1), "x", cause="spacing")
+    assert "waits_spacing" in gates.turned_away(late, now)

@@ -67,3 +67,40 @@ def test_http_retries__counted_per_provider_and_source(workers, http_server, pro
     assert got[("durable_http_retries_total", name, "backoff")] == 3
     assert 119 <= got[("durable_http_retry_wait_seconds_total", name, "retry-after")] <= 121
     assert got[("durable_http_retry_wait_seconds_total", name, "backoff")] < 2
+
+
+def test_gate_waits__counted_per_provider_and_cause(settings):
+    from durable.http import gates
+    from durable.http.config import build
+
+    settings.DURABLE_HTTP_PROVIDERS = {"mail": {"max_in_flight": 1}}
+    mail = build("mail", {"max_in_flight": 1, "gate_retry_seconds": 1})
+    held = gates.acquire(mail)
+    for _ in range(2):
+        with pytest.raises(gates.GateClosed):
+            gates.acquire(mail)
+    unlisted = build("https://evil.example/?q=1", {"min_spacing_ms": 10_000})
+    gates.acquire(unlisted)
+    with pytest.raises(gates.GateClosed):
+        gates.acquire(unlisted)
+    gates.release(held)
+
+    token = new_token()
+    Client.objects.create(
+        name="prom", scopes=["metrics:read"], token_prefix=token.prefix, token_hash=token.hash
+    )
+    response = DjangoClient().get("/metrics", headers={"Authorization": f"Bearer {token.token}"})
+    assert response.status_code == 200
+    got = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.content.decode())
+        if family.name in ("durable_http_gate_waits", "durable_http_gate_wait_seconds")
+        for s in family.samples
+    }
+    waits = "durable_http_gate_waits_total"
+    assert got[(waits, (("cause", "in_flight"), ("provider", "mail")))] == 2
+    assert got[(waits, (("cause", "spacing"), ("provider", "mail")))] == 0
+    # A provider the settings do not name is "other": no free text becomes a label.
+    assert got[(waits, (("cause", "spacing"), ("provider", OTHER_PROVIDER)))] == 1
+    seconds = got[("durable_http_gate_wait_seconds_total", (("provider", "mail"),))]
+    assert 2 * 0.5 <= seconds <= 2 * 1.5
