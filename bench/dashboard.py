@@ -110,7 +110,7 @@ def load_events(count: int, *, tag: str = "bench", seed: int = 5) -> float:
     from django.utils import timezone
 
     from recovery.policy import line_prefix
-    from recovery.records import insert_lines
+    from recovery.records.lines import insert_lines
 
     started = time.perf_counter()
     batch: list = []

@@ -3,10 +3,11 @@
     python bench/ingest.py [--lines 1000000] [--append 10] [--small 100] [--rounds 5]
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/bench_issue4 python bench/ingest.py
 
-1. Writes a file of ``--lines`` realistic lines (~170 bytes each, the SPEC §6
-   shape, a few with actors, addresses and affected objects, 1 in 1,000
-   malformed) and imports it with the ``recovery.ingest`` job, run in this
-   process through the engine (claim, units, checkpoints — what a worker does).
+1. Writes a file of ``--lines`` realistic lines (~170 bytes each, the shape
+   of docs/how-to/feed-recovery-events.md, a few with actors, addresses and
+   affected objects, 1 in 1,000 malformed) and imports it with the
+   ``recovery.ingest`` job, run in this process through the engine (claim,
+   units, checkpoints — what a worker does).
    Target: >= 100,000 lines/s on SQLite. Says whether the Recovery search index
    is in that figure: PostgreSQL maintains it in the inserting statements
    (included); SQLite defers it to a job of its own, timed after the import,

@@ -123,7 +123,8 @@ class RestartOutcome(StrEnum):
 
 
 def on_restart(state: str, policy: str) -> RestartOutcome:
-    """SPEC §5's table for a job left unfinished by a stopped worker.
+    """The restart table for a job left unfinished by a stopped worker
+    (docs/explanation/leases-and-units.md, "After a restart: the restart policy").
 
     | found      | fail   | retry                | resume                  |
     | queued     | failed | queued               | queued                  |

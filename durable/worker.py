@@ -1,4 +1,4 @@
-"""The worker: claims due jobs, runs their units in the SPEC §2 order, renews leases.
+"""The worker: claims due jobs, runs their units in order, renews leases.
 
 ``python manage.py runworker`` builds a ``Worker`` and calls ``run()``. Each of
 ``concurrency`` threads claims one job at a time. One more thread renews every

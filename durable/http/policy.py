@@ -4,7 +4,7 @@ Nothing here does I/O or reads the clock: the client passes ``now``, the
 attempt number, the headers and a random source in, and acts on what comes
 back. ``tests/unit/test_http_policy.py`` pins every table down.
 
-Retry timing, in order (SPEC §3):
+Retry timing, in order (docs/how-to/outbound-http.md):
 
 1. ``Retry-After`` is authoritative when valid: non-negative delta seconds, or
    an HTTP date in the future, no further away than ``max_retry_after``.

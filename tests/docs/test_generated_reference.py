@@ -51,7 +51,8 @@ def test_the_http_reference_is_the_served_document() -> None:
 
 def test_the_job_state_tables_follow_the_engine() -> None:
     text = generate.job_states_markdown()
-    # Two facts of SPEC §5 the generated tables must state, read from durable.states.
+    # Two facts of the restart and action tables the generated tables must state,
+    # read from durable.states.
     assert (
         "| `failed` | refused | refused | refused | → `queued`, due now, attempts reset |" in text
     )

@@ -1,4 +1,4 @@
-"""One scenario per built-in database operation, for the shared SPEC §7 tests.
+"""One scenario per built-in database operation, for the shared tests of the guarantees.
 
 A scenario builds its data, returns the job inputs, and checks a finished job
 thoroughly: the output is right *and* nothing happened twice (events, rows,

@@ -1,4 +1,6 @@
-"""SPEC §7 for every built-in database operation: one scenario each, the same trials for all.
+"""The guarantees for every built-in database operation: one scenario each, the same trials.
+
+The guarantees: docs/explanation/guarantees.md.
 
 Positive completion; a crash before the checkpoint; a crash right after a
 unit's side effect (a real worker SIGKILLed at an engine or operation fault

@@ -1,9 +1,10 @@
 """files.move, import.jsonl, import.csv and a schedule's occurrence job against real workers.
 
-The SPEC §7 list — positive completion, crash before the checkpoint, crash
-after a side effect, expired-lease reclaim, pause, cancel — is written once
-as scenarios and run for each operation through a small adapter (``Case``)
-that knows how to start its job and what "done exactly once" means for it.
+The list of guarantees (docs/explanation/guarantees.md) — positive completion,
+crash before the checkpoint, crash after a side effect, expired-lease reclaim,
+pause, cancel — is written once as scenarios and run for each operation
+through a small adapter (``Case``) that knows how to start its job and what
+"done exactly once" means for it.
 Concurrent-worker exclusion and each operation's own failure modes follow.
 
 ``transaction=True`` throughout: the workers are other processes with their
@@ -227,7 +228,7 @@ def case(request, tmp_path, settings) -> Case:
     return made
 
 
-# --- SPEC §7, once for every case -------------------------------------------------------
+# --- the guarantees, once for every case ---------------------------------------------------
 
 
 def test_completes(case, workers):

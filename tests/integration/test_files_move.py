@@ -1,7 +1,7 @@
 """files.move in one process: what a unit does in each situation it can find.
 
 Real worker processes killed between copy and delete, and the rest of the
-SPEC §7 list, are in ``test_builtin_workers.py``.
+list of guarantees, are in ``test_builtin_workers.py``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """import.jsonl and import.csv in one process: formats, dedupe by file and by row, refusals.
 
-Real worker processes killed mid-import, and the rest of the SPEC §7 list,
+Real worker processes killed mid-import, and the rest of the guarantees
+(docs/explanation/guarantees.md),
 are in ``test_builtin_workers.py``.
 """
 

@@ -1,4 +1,4 @@
-"""The operator-action table and SPEC §5's restart table, row by row."""
+"""The operator-action table and the restart table, row by row."""
 
 import pytest
 
