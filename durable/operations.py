@@ -3,7 +3,7 @@
 An operation turns a job's input and checkpoint into a sequence of *units*.
 Each unit has a stable idempotency key, a bounded payload, and the checkpoint
 that becomes true once the unit is done. The engine runs every unit in the
-same order (docs/explanation/leases-and-units.md) — skip if its result
+same order (docs/explanation/guarantees.md) — skip if its result
 exists, run, verify, then advance the checkpoint atomically and fenced by
 the lease — so a crash repeats one unit, never the whole job. A minimal operation::
 
