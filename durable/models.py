@@ -247,9 +247,12 @@ class JobEvent(models.Model):
                 name="durable_jobevent_retries",
                 condition=Q(kind="retry_scheduled"),
             ),
-            # GET /metrics counts reclaims (durable.metrics): rare, so a small index.
+            # GET /metrics counts reclaims by when they happened (durable.metrics.totals):
+            # rare, so a small index.
             models.Index(
-                fields=["job_id"], name="durable_jobevent_reclaims", condition=Q(kind="reclaimed")
+                fields=["created_at", "job_id"],
+                name="durable_jobevent_reclaimed_at",
+                condition=Q(kind="reclaimed"),
             ),
         ]
         constraints = [

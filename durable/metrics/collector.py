@@ -19,7 +19,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.metrics_core import Metric
 
-from ..models import Job, JobEvent, WorkerProcess, database_now
+from ..models import Job, WorkerProcess, database_now
 from ..policy import worker_alive
 from .totals import (
     OTHER_PROVIDER,
@@ -29,6 +29,7 @@ from .totals import (
     finished_totals,
     http_totals,
     known_providers,
+    reclaim_totals,
     settle,
 )
 
@@ -81,9 +82,11 @@ class DurableCollector:
 
     def collect(self) -> Iterator[Metric]:
         now = database_now()
+        upto = settle(now)  # the totals' cursor: what happened since is counted live
         yield from self._jobs(now)
-        yield from self._finished(now)
-        yield self._reclaims()
+        yield from self._finished(upto)
+        yield from self._http(upto)
+        yield self._reclaims(upto)
         yield from self._workers(now)
         yield from self._gates(now)
 
@@ -95,14 +98,16 @@ class DurableCollector:
             labels=["queue", "state"],
         )
         # One scan of the covering index durable_job_per_queue (state, queue,
-        # next_attempt_at): no table row is read.
+        # next_attempt_at), grouped in its order: no table row is read and nothing is
+        # hashed (grouped by queue first, PostgreSQL hashed 100,000 entries: 19 ms vs 13).
         table = connection.ops.quote_name(Job._meta.db_table)
         with connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT queue, state, count(*) FROM {table} GROUP BY queue, state"  # noqa: S608
+                f"SELECT state, queue, count(*) FROM {table} "  # noqa: S608
+                "GROUP BY state, queue ORDER BY state, queue"
             )
             rows = cursor.fetchall()
-        for queue, state, n in rows:
+        for state, queue, n in rows:
             by_state.add_metric([queue, state], n)
         yield by_state
         oldest = GaugeMetricFamily(
@@ -121,14 +126,13 @@ class DurableCollector:
         for queue, first in ready:
             seen.add(queue)
             oldest.add_metric([queue], max((now - first).total_seconds(), 0.0))
-        self._queues = {q for q, _, _ in rows}
+        self._queues = {q for _, q, _ in rows}
         for queue in self._queues - seen:
             oldest.add_metric([queue], 0.0)
         yield oldest
 
-    def _finished(self, now: datetime) -> Iterator[Metric]:
-        totals = finished_totals(now)
-        yield from self._http(now)
+    def _finished(self, upto: datetime) -> Iterator[Metric]:
+        totals = finished_totals(upto)
         finished = CounterMetricFamily(
             "durable_jobs_finished",
             "Jobs finished, by outcome (completed, failed, cancelled).",
@@ -144,7 +148,7 @@ class DurableCollector:
             for (queue, operation), t in sorted(runs.items())
         )
 
-    def _http(self, now: datetime) -> Iterator[Metric]:
+    def _http(self, upto: datetime) -> Iterator[Metric]:
         retries = CounterMetricFamily(
             "durable_http_retries",
             "Outbound HTTP calls rescheduled, per provider and why: the server's "
@@ -156,40 +160,21 @@ class DurableCollector:
             "Seconds those retries made their jobs wait, per provider and source.",
             labels=["provider", "source"],
         )
-        for (provider, source), tally in sorted(http_totals(settle(now)).items()):
+        for (provider, source), tally in sorted(http_totals(upto).items()):
             retries.add_metric([provider, source], tally.count)
             waits.add_metric([provider, source], tally.wait_seconds)
         yield retries
         yield waits
 
-    def _reclaims(self) -> Metric:
+    def _reclaims(self, upto: datetime) -> Metric:
         family = CounterMetricFamily(
             "durable_reclaims",
             "Jobs taken back from a lost worker and queued again, by whether the attempt "
-            "was spent (no unit committed) — among the jobs kept.",
+            "was spent (no unit committed).",
             labels=["operation", "attempt_spent"],
         )
-        events = connection.ops.quote_name(JobEvent._meta.db_table)
-        jobs = connection.ops.quote_name(Job._meta.db_table)
-        if connection.vendor == "postgresql":
-            spent = "e.data ->> 'attempt_spent'"
-        else:
-            spent = "json_extract(e.data, '$.attempt_spent')"
-        # kind stated literally: SQLite uses the partial index durable_jobevent_reclaims
-        # only when the query's condition is the index's own.
-        sql = (
-            f"SELECT j.operation, {spent}, count(*) FROM {events} e "  # noqa: S608
-            f"JOIN {jobs} j ON j.id = e.job_id WHERE e.kind = 'reclaimed' GROUP BY 1, 2"
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(sql)
-            rows = cursor.fetchall()
-        counts: dict[tuple[str, str], int] = {}
-        for operation, spent, n in rows:
-            key = (operation, "true" if spent in (True, 1, "true") else "false")
-            counts[key] = counts.get(key, 0) + n
-        for (operation, spent), n in sorted(counts.items()):
-            family.add_metric([operation, spent], n)
+        for (operation, spent), n in sorted(reclaim_totals(upto).items()):
+            family.add_metric([operation, "true" if spent else "false"], n)
         return family
 
     def _workers(self, now: datetime) -> Iterator[Metric]:

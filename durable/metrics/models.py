@@ -1,4 +1,4 @@
-"""Running totals of finished jobs for ``GET /metrics``, so a scrape reads minutes, not history.
+"""Running totals for ``GET /metrics``, so a scrape reads minutes, not history.
 
 A Prometheus counter must only go up, and a scrape must stay cheap at 100,000 jobs
 and more. So the jobs that finished before ``SETTLE`` ago are added, once, to
@@ -75,11 +75,34 @@ class HttpRetryTotal(models.Model):
         return f"{self.provider} {self.source}: {self.count}"
 
 
+class ReclaimTotal(models.Model):
+    """Jobs taken back from a lost worker (before the cursor), per operation and whether
+    the lost attempt was spent: counted here so the retention purge, which deletes the
+    finished jobs' events, never lowers ``durable_reclaims``."""
+
+    operation = models.CharField(max_length=100)
+    attempt_spent = models.BooleanField()
+    count = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        db_table = "durable_metrics_reclaims"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["operation", "attempt_spent"], name="durable_metrics_reclaims_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        spent = "spent" if self.attempt_spent else "not spent"
+        return f"{self.operation} ({spent}): {self.count}"
+
+
 def forget(alias: str) -> None:
     """Drop the totals on ``alias``: the next scrape counts the jobs it holds again (a
     counter reset, which Prometheus expects after a restore)."""
     FinishedTotal.objects.using(alias).all().delete()
     HttpRetryTotal.objects.using(alias).all().delete()
+    ReclaimTotal.objects.using(alias).all().delete()
     MetricsCursor.objects.using(alias).all().delete()
 
 
@@ -87,7 +110,12 @@ def forget(alias: str) -> None:
 # would change them under its comparison); they are counted again on the target.
 register_derived(
     "durable.metrics",
-    tables=("durable.metricscursor", "durable.finishedtotal", "durable.httpretrytotal"),
+    tables=(
+        "durable.metricscursor",
+        "durable.finishedtotal",
+        "durable.httpretrytotal",
+        "durable.reclaimtotal",
+    ),
     sources=("durable.job", "durable.jobevent"),
     rebuild=forget,
 )

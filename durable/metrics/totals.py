@@ -1,4 +1,4 @@
-"""Finished jobs: settled totals (``FinishedTotal``) plus the jobs finished since.
+"""Finished jobs, HTTP retries and reclaims: settled totals plus what happened since.
 
 A job's finish is stamped before its transaction commits (a lock wait, a busy
 SQLite, clock skew between hosts), so an interval is added to the totals only
@@ -21,7 +21,7 @@ from django.db.models import F
 
 from ..models import Job, JobEvent
 from ..states import JobState
-from .models import FinishedTotal, HttpRetryTotal, MetricsCursor
+from .models import FinishedTotal, HttpRetryTotal, MetricsCursor, ReclaimTotal
 
 log = logging.getLogger("durable.metrics")
 
@@ -37,6 +37,7 @@ BEGINNING = datetime(2000, 1, 1, tzinfo=UTC)
 
 Key = tuple[str, str, str]  # queue, operation, outcome
 HttpKey = tuple[str, str]  # provider, source
+ReclaimKey = tuple[str, bool]  # operation, attempt_spent
 HTTP_RETRY_CLASS = "durable.http.errors.HttpRetryLater"
 HTTP_SOURCES = ("retry-after", "backoff")
 OTHER_PROVIDER = "other"  # a provider name the settings do not list: kept out of the labels
@@ -182,6 +183,36 @@ def merge_http(*parts: dict[HttpKey, HttpTally]) -> dict[HttpKey, HttpTally]:
     return out
 
 
+def reclaims_counted(start: datetime, end: datetime | None = None) -> dict[ReclaimKey, int]:
+    """Jobs reclaimed in [start, end), by operation and whether the attempt was spent: the
+    reclaimed events' partial index (its condition stated literally, so that SQLite uses it)."""
+    events = connection.ops.quote_name(JobEvent._meta.db_table)
+    jobs = connection.ops.quote_name(Job._meta.db_table)
+    if connection.vendor == "postgresql":
+        spent = "e.data ->> 'attempt_spent'"
+    else:
+        spent = "json_extract(e.data, '$.attempt_spent')"
+    adapt = connection.ops.adapt_datetimefield_value
+    params: list[Any] = [adapt(start)]
+    until = ""
+    if end is not None:
+        until = " AND e.created_at < %s"
+        params.append(adapt(end))
+    sql = (
+        f"SELECT j.operation, {spent}, count(*) FROM {events} e "  # noqa: S608
+        f"JOIN {jobs} j ON j.id = e.job_id "
+        f"WHERE e.kind = 'reclaimed' AND e.created_at >= %s{until} GROUP BY 1, 2"
+    )
+    out: dict[ReclaimKey, int] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        for operation, was_spent, n in cursor.fetchall():
+            # An event of an older release has no attempt_spent: every death spent one then.
+            key = (operation, was_spent in (True, 1, "true", None))
+            out[key] = out.get(key, 0) + int(n)
+    return out
+
+
 def stored() -> tuple[datetime | None, dict[Key, Tally]]:
     cursor = MetricsCursor.objects.filter(name=CURSOR).values_list("upto", flat=True).first()
     totals = {
@@ -228,8 +259,13 @@ def advance(upto: datetime | None, to: datetime) -> bool:
                     count=F("count") + http.count,
                     wait_seconds=F("wait_seconds") + http.wait_seconds,
                 )
+            for (operation, spent), n in reclaims_counted(upto, to).items():
+                ReclaimTotal.objects.get_or_create(operation=operation, attempt_spent=spent)
+                ReclaimTotal.objects.filter(operation=operation, attempt_spent=spent).update(
+                    count=F("count") + n
+                )
     except DatabaseError:
-        log.warning("finished-job totals not advanced; counted live", exc_info=True)
+        log.warning("metrics totals not advanced; counted live", exc_info=True)
         return False
     return True
 
@@ -244,9 +280,9 @@ def settle(now: datetime) -> datetime:
     return upto or BEGINNING
 
 
-def finished_totals(now: datetime) -> dict[Key, Tally]:
-    """Every finished job since the totals began, by queue, operation and outcome."""
-    upto = settle(now)
+def finished_totals(upto: datetime) -> dict[Key, Tally]:
+    """Every finished job since the totals began, by queue, operation and outcome (call
+    after ``settle``)."""
     _, totals = stored()
     return merge(totals, counted(upto))
 
@@ -258,3 +294,11 @@ def http_totals(upto: datetime) -> dict[HttpKey, HttpTally]:
         for t in HttpRetryTotal.objects.all()
     }
     return merge_http(kept, http_counted(upto))
+
+
+def reclaim_totals(upto: datetime) -> dict[ReclaimKey, int]:
+    """Every reclaim since the totals began (call after ``settle``)."""
+    out = {(t.operation, t.attempt_spent): t.count for t in ReclaimTotal.objects.all()}
+    for key, n in reclaims_counted(upto).items():
+        out[key] = out.get(key, 0) + n
+    return out

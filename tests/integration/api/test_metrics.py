@@ -29,8 +29,10 @@ from durable.metrics.totals import (
     finished_totals,
     known_providers,
     next_upto,
+    reclaim_totals,
+    settle,
 )
-from durable.models import Job
+from durable.models import Job, JobEvent
 from durable.states import JobState
 from recovery.models import RecoveryEvent, SecurityEvent, Severity
 
@@ -295,7 +297,7 @@ def test_totals__a_purged_job_stays_counted_and_an_interval_is_added_once():
             finished_at=hour_ago,
         )
     Job.objects.create(operation="test.rows", state="failed", finished_at=now)  # live, never ran
-    totals = finished_totals(now)
+    totals = finished_totals(settle(now))
     done = totals[("default", "test.rows", "completed")]
     assert (done.count, done.run_count) == (3, 3)
     assert done.buckets[RUN_BUCKETS.index(0.1)] == 1
@@ -306,10 +308,37 @@ def test_totals__a_purged_job_stays_counted_and_an_interval_is_added_once():
     assert MetricsCursor.objects.get().upto == now - SETTLE
 
     Job.objects.filter(state="completed").delete()  # retention purges them
-    assert finished_totals(now)[("default", "test.rows", "completed")].count == 3
+    assert finished_totals(settle(now))[("default", "test.rows", "completed")].count == 3
     # A peer that read the old cursor and comes second adds nothing.
     assert advance(hour_ago - timedelta(hours=1), now - SETTLE) is False
     assert (
-        finished_totals(now + timedelta(minutes=2))[("default", "test.rows", "completed")].count
+        finished_totals(settle(now + timedelta(minutes=2)))[
+            ("default", "test.rows", "completed")
+        ].count
         == 3
     )
+
+
+@pytest.mark.django_db
+def test_totals__reclaims_stay_counted_after_the_purge_and_are_added_once():
+    now = timezone.now()
+    hour_ago = now - timedelta(hours=1)
+
+    def reclaimed(job: Job, seq: int, at, spent) -> None:
+        data = {} if spent is None else {"attempt_spent": spent}
+        JobEvent.objects.create(job=job, seq=seq, kind="reclaimed", data=data, created_at=at)
+
+    old = Job.objects.create(operation="test.rows", state="completed", finished_at=hour_ago)
+    reclaimed(old, 1, hour_ago, True)
+    reclaimed(old, 2, hour_ago, False)
+    reclaimed(old, 3, hour_ago, None)  # an older release's event: every death spent one
+    recent = Job.objects.create(operation="test.flaky", state="running")
+    reclaimed(recent, 1, now, False)  # inside the settle window: counted live
+
+    expected = {("test.rows", True): 2, ("test.rows", False): 1, ("test.flaky", False): 1}
+    assert reclaim_totals(settle(now)) == expected
+    Job.objects.filter(pk=old.pk).delete()  # the retention purge takes its events too
+    assert reclaim_totals(settle(now)) == expected
+    later = now + timedelta(minutes=5)  # the live one is settled now, and counted once
+    assert reclaim_totals(settle(later)) == expected
+    assert reclaim_totals(settle(later + timedelta(minutes=5))) == expected
