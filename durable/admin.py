@@ -6,7 +6,20 @@ from django.contrib import admin
 from django.db import models
 from django.http import HttpRequest
 
-from .models import Job, JobEvent, WorkerProcess
+from .models import (
+    Credential,
+    Delivery,
+    Endpoint,
+    GateSlot,
+    Job,
+    JobEvent,
+    MailDelivery,
+    MailRecipient,
+    OutboundEvent,
+    WorkerProcess,
+)
+from .notify import audit_actor, redeliver, resend_mail
+from .schedules import admin as _schedules_admin  # noqa: F401 - registers its pages
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -54,15 +67,6 @@ class WorkerProcessAdmin(ReadOnlyAdmin):
 # Endpoints and mail recipients are configuration, edited here (they hold only a
 # secret's *name*). Deliveries, events, gates and credentials are read-only;
 # a credential's value or ciphertext is never shown.
-from .external_models import (  # noqa: E402 - kept with the admin classes that use them
-    Credential,
-    Delivery,
-    Endpoint,
-    GateSlot,
-    MailDelivery,
-    MailRecipient,
-    OutboundEvent,
-)
 
 
 @admin.register(Endpoint)
@@ -105,8 +109,6 @@ class SendAgainMixin:
         return user.has_perm("durable.retry_job") or user.has_perm("durable.change_job")
 
     def _send_again(self, request: HttpRequest, queryset: models.QuerySet, how) -> None:
-        from .notify import audit_actor
-
         jobs = [
             how(pk, actor=audit_actor(request)).pk for pk in queryset.values_list("pk", flat=True)
         ]
@@ -125,8 +127,6 @@ class DeliveryAdmin(SendAgainMixin, ReadOnlyAdmin):
 
     @admin.action(description="Deliver again (same Idempotency-Key)", permissions=["send_again"])
     def redeliver(self, request: HttpRequest, queryset: models.QuerySet) -> None:
-        from .notify import redeliver
-
         self._send_again(request, queryset, redeliver)
 
 
@@ -142,8 +142,6 @@ class MailDeliveryAdmin(SendAgainMixin, ReadOnlyAdmin):
 
     @admin.action(description="Send again (same Message-ID)", permissions=["send_again"])
     def resend(self, request: HttpRequest, queryset: models.QuerySet) -> None:
-        from .notify import resend_mail
-
         self._send_again(request, queryset, resend_mail)
 
 
@@ -160,6 +158,3 @@ class GateSlotAdmin(ReadOnlyAdmin):
     list_display = ["provider", "holder", "acquired_at", "expires_at"]
     list_filter = ["provider"]
     ordering = ["-acquired_at"]
-
-
-from .schedules import admin as _schedules_admin  # noqa: E402,F401 - registers its pages

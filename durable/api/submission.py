@@ -20,8 +20,8 @@ from django.db import IntegrityError, transaction
 from ..errors import InputRejected
 from ..jobs import enqueue, enqueue_many
 from ..models import Job
+from ..models.api import Client, IdempotencyKey
 from .errors import FieldError, Refusal, invalid, rejected_input
-from .models import Client, IdempotencyKey
 from .parse import BatchSubmission, Submission
 from .render import dumps, job_json, job_url
 

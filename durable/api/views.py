@@ -24,11 +24,11 @@ from django.views.decorators.csrf import csrf_exempt
 
 from .. import jobs
 from ..models import Job, JobEvent
+from ..models.api import Client
 from ..states import FINISHED_STATES, Action
 from ..tasks.describe import task_result_json
 from .auth import authenticate, authorize_job_action, authorize_operation
 from .errors import FieldError, Refusal, invalid
-from .models import Client
 from .openapi import build_document
 from .parse import (
     MAX_ID,

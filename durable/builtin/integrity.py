@@ -48,6 +48,7 @@ from django.utils import timezone
 
 from ..errors import InputRejected, NonRetryable, RetryLater, Unavailable
 from ..models import Job
+from ..models.builtin import Announcement, IntegrityScope, InventoryEntry
 from ..operations import JobContext, Operation, Unit, register
 from . import inputs
 from .announce import announce
@@ -66,7 +67,6 @@ from .inventory import (
     storable,
     take_batch,
 )
-from .models import Announcement, IntegrityScope, InventoryEntry
 
 DEFAULT_BATCH_FILES = 200
 MAX_BATCH_FILES = 10_000

@@ -68,6 +68,7 @@ from django.db import IntegrityError, models
 from .. import signals
 from ..errors import InputRejected, NonRetryable
 from ..models import Job, UnitResult
+from ..models.builtin import Announcement
 from ..operations import Access, JobContext, Operation, Unit, register
 from ..states import JobState
 from . import backupdir, inputs
@@ -75,7 +76,6 @@ from .announce import announce
 from .derived import derived_labels, is_journal, rebuilds_after
 from .fence import fenced
 from .manifest import MANIFEST, SUMS, is_excluded, reorder, restore_problems
-from .models import Announcement
 from .tables import (
     PlanError,
     TableDigest,

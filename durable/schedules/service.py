@@ -30,10 +30,10 @@ from .. import faults, signals
 from ..errors import DurableError, InputRejected
 from ..jobs import clean_job_input, enqueue
 from ..models import Job, database_now
+from ..models.schedules import Occurrence, Schedule
 from ..operations import get_operation, max_input_bytes, registered
 from ..policy import truncate_utf8
 from ..sanitize import clean_input
-from .models import Occurrence, Schedule
 from .timing import (
     ON_TIME_GRACE,
     CatchUp,

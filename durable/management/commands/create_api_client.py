@@ -17,8 +17,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.utils import timezone
 
-from durable.api.models import SCOPE_HELP, SCOPES, Client
 from durable.api.tokens import new_token
+from durable.models.api import SCOPE_HELP, SCOPES, Client
 
 
 class Command(BaseCommand):

@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo
 
 from django.core.management.base import BaseCommand, CommandError
 
-from durable.schedules.models import Schedule
+from durable.models.schedules import Schedule
 from durable.schedules.service import set_enabled
 
 

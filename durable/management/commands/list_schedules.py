@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 
 from django.core.management.base import BaseCommand, CommandError
 
-from durable.schedules.models import Schedule
+from durable.models.schedules import Schedule
 from durable.schedules.service import describe_rule
 
 
