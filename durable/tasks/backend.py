@@ -15,6 +15,7 @@ from typing import Any
 from django.apps import apps
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 from .. import jobs
 from ..models import Job, JobEvent, UnitResult
@@ -23,11 +24,13 @@ from . import policy
 from .compat import (
     BaseTaskBackend,
     InvalidTaskError,
+    Task,
     TaskError,
     TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
     normalize_json,
+    task_backends,
     task_enqueued,
 )
 from .policy import RETURN_KEY, TASK_OPERATION
@@ -143,8 +146,6 @@ class DurableBackend(BaseTaskBackend):
     def result_of(
         self, job: Job, *, task: Any = None, events: list[tuple] | None = None
     ) -> TaskResult:
-        from .operation import import_task
-
         data = job.input
         if task is None:
             try:
@@ -223,3 +224,21 @@ class DurableBackend(BaseTaskBackend):
                     f"{policy.MAX_QUEUE_NAME} characters long.",
                     id="durable.E203",
                 )
+
+
+def import_task(path: str) -> Any:
+    """The ``Task`` at ``path``; ImportError if it cannot be imported, TypeError if not a task."""
+    found = import_string(path)
+    if not isinstance(found, Task):
+        raise TypeError(
+            f"{path!r} is {type(found).__name__}, not a task (a function decorated with @task)"
+        )
+    return found
+
+
+def backend_for(alias: str) -> DurableBackend:
+    """The ``DurableBackend`` named ``alias`` in this process's ``TASKS``."""
+    backend = task_backends[alias]
+    if not isinstance(backend, DurableBackend):
+        raise TypeError(f"TASKS[{alias!r}] is {type(backend).__name__}, not a DurableBackend")
+    return backend
