@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..rules import PRIORITY_MAX, PRIORITY_MIN, QUEUE_NAME_PATTERN
 from ..states import FINISHED_STATES, JobState, OnRestart
 from .parse import (
     EVENTS_DEFAULT_LIMIT,
@@ -98,13 +99,13 @@ SCHEMAS: dict[str, Any] = {
             },
             "queue": {
                 "type": ["string", "null"],
-                "pattern": "^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$",
+                "pattern": QUEUE_NAME_PATTERN,
                 "description": "Absent or null: the operation's queue.",
             },
             "priority": {
                 "type": ["integer", "null"],
-                "minimum": -100,
-                "maximum": 100,
+                "minimum": PRIORITY_MIN,
+                "maximum": PRIORITY_MAX,
                 "description": "Higher runs first. Absent or null: the operation's. "
                 "A whole number; `5.0` is `5`.",
             },
@@ -138,13 +139,13 @@ SCHEMAS: dict[str, Any] = {
             },
             "queue": {
                 "type": ["string", "null"],
-                "pattern": "^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$",
+                "pattern": QUEUE_NAME_PATTERN,
                 "description": "For every job. Absent or null: the operation's queue.",
             },
             "priority": {
                 "type": ["integer", "null"],
-                "minimum": -100,
-                "maximum": 100,
+                "minimum": PRIORITY_MIN,
+                "maximum": PRIORITY_MAX,
                 "description": "For every job. Absent or null: the operation's.",
             },
             "on_restart": {
@@ -422,13 +423,13 @@ SCHEMAS: dict[str, Any] = {
             },
             "queue": {
                 "type": ["string", "null"],
-                "pattern": "^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$",
+                "pattern": QUEUE_NAME_PATTERN,
                 "description": "Null: the operation's queue.",
             },
             "priority": {
                 "type": ["integer", "null"],
-                "minimum": -100,
-                "maximum": 100,
+                "minimum": PRIORITY_MIN,
+                "maximum": PRIORITY_MAX,
                 "description": "Null: the operation's priority.",
             },
             "enabled": {"type": ["boolean", "null"], "description": "Null: true."},

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
+from ..rules import priority_problem, queue_name_problem
 from ..schedules.timing import CatchUp, normalise_cron, parse_interval
 from ..schedules.timing import time_zone as check_time_zone
 from ..states import JobState, OnRestart
@@ -24,7 +25,6 @@ from .errors import FieldError, Refusal, invalid
 MAX_IDEMPOTENCY_KEY = 255
 MAX_OPERATION_NAME = 100
 MAX_SCHEDULE_NAME = 100
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 # RFC 6750 b64token; anything else after "Bearer " is malformed.
 B64TOKEN = re.compile(r"^[A-Za-z0-9\-._~+/]+=*$")
 VISIBLE_ASCII = re.compile(r"^[\x21-\x7e]+$")
@@ -229,23 +229,23 @@ class Submission:
 
 
 def _priority(value: Any, errors: list[FieldError]) -> int | None:
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)  # 5.0 is the number 5 in JSON
-    if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int) or not -100 <= value <= 100
-    ):
-        errors.append(FieldError("priority", "must be an integer from -100 to 100"))
+    if value is None:
         return None
-    return value
+    problem = priority_problem(value)
+    if problem is not None:
+        errors.append(FieldError("priority", problem))
+        return None
+    return int(value)  # 5.0 is the number 5 in JSON
 
 
 def _queue(value: Any, errors: list[FieldError]) -> str | None:
-    if value is not None and not (isinstance(value, str) and QUEUE_NAME.match(value)):
-        errors.append(
-            FieldError("queue", "must be 1 to 64 letters, digits, _ . : - (starting alphanumeric)")
-        )
+    if value is None:
         return None
-    return value
+    problem = queue_name_problem(value)
+    if problem is not None:
+        errors.append(FieldError("queue", problem))
+        return None
+    return str(value)
 
 
 def _operation(value: Any, errors: list[FieldError]) -> Any:

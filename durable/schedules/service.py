@@ -33,6 +33,7 @@ from ..models import Job, database_now
 from ..models.schedules import Occurrence, Schedule
 from ..operations import get_operation, max_input_bytes, registered
 from ..policy import truncate_utf8
+from ..rules import priority_from, queue_name_problem
 from ..sanitize import clean_input
 from .timing import (
     ON_TIME_GRACE,
@@ -209,10 +210,14 @@ def _fields(
         policy = CatchUp(catch_up)
     except ValueError:
         raise InputRejected("catch_up", "latest or skip") from None
-    if priority is not None and not -100 <= int(priority) <= 100:
-        raise InputRejected("priority", "must be between -100 and 100")
-    if len(queue or "") > 64:
-        raise InputRejected("queue", "at most 64 characters")
+    try:
+        priority = None if priority is None else priority_from(priority)
+    except ValueError as exc:
+        raise InputRejected("priority", str(exc)) from None
+    if queue:
+        problem = queue_name_problem(queue)
+        if problem is not None:
+            raise InputRejected("queue", f"{problem}, or empty for the operation's queue")
     return {
         "name": name,
         "operation": operation,
@@ -223,7 +228,7 @@ def _fields(
         "catch_up": policy.value,
         "overlap": bool(overlap),
         "queue": queue or "",
-        "priority": None if priority is None else int(priority),
+        "priority": priority,
     }
 
 

@@ -19,6 +19,7 @@ from django.utils.module_loading import import_string
 
 from .. import jobs
 from ..models import Job, JobEvent, UnitResult
+from ..rules import queue_name_problem
 from ..states import FINISHED_STATES, JobState
 from . import policy
 from .compat import (
@@ -63,10 +64,9 @@ class DurableBackend(BaseTaskBackend):
 
     def validate_task(self, task: Any) -> None:
         super().validate_task(task)
-        if len(task.queue_name) > policy.MAX_QUEUE_NAME:
-            raise InvalidTaskError(
-                f"Queue name {task.queue_name[:40]!r}… is longer than {policy.MAX_QUEUE_NAME}."
-            )
+        problem = queue_name_problem(task.queue_name)
+        if problem is not None:
+            raise InvalidTaskError(f"Queue name {task.queue_name[:40]!r} {problem}.")
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> TaskResult:
         """Validate by the framework's rules, then persist one job and its ``enqueued`` event.
@@ -218,12 +218,10 @@ class DurableBackend(BaseTaskBackend):
                 id="durable.E202",
             )
         for queue in sorted(self.queues):
-            if not queue or len(queue) > policy.MAX_QUEUE_NAME:
-                yield checks.Error(
-                    f"{where}['QUEUES']: {queue[:40]!r} is not 1 to "
-                    f"{policy.MAX_QUEUE_NAME} characters long.",
-                    id="durable.E203",
-                )
+            problem = queue_name_problem(queue)
+            if problem is not None:
+                message = f"{where}['QUEUES']: {queue[:40]!r} {problem}."
+                yield checks.Error(message, id="durable.E203")
 
 
 def import_task(path: str) -> Any:
