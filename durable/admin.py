@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.contrib import admin
 from django.db import models
 from django.http import HttpRequest
@@ -36,7 +38,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 class JobEventInline(admin.TabularInline):
     model = JobEvent
     fields = ["seq", "kind", "message", "data", "created_at"]
-    readonly_fields = fields
+    readonly_fields = ["seq", "kind", "message", "data", "created_at"]
     extra = 0
     can_delete = False
     ordering = ["-seq"]
@@ -96,8 +98,8 @@ class OutboundEventAdmin(ReadOnlyAdmin):
     show_full_result_count = False
 
 
-class SendAgainMixin:
-    """An admin action that sends deliveries again through their durable job.
+class SendAgainAdmin(ReadOnlyAdmin):
+    """Read-only, with an admin action that sends deliveries again through their durable job.
 
     Whoever may retry jobs (``durable.retry_job``, or ``change_job``) may use it.
     Webhooks keep their ``Idempotency-Key`` and mail its ``Message-ID``, so a
@@ -108,7 +110,9 @@ class SendAgainMixin:
         user = request.user
         return user.has_perm("durable.retry_job") or user.has_perm("durable.change_job")
 
-    def _send_again(self, request: HttpRequest, queryset: models.QuerySet, how) -> None:
+    def _send_again(
+        self, request: HttpRequest, queryset: models.QuerySet, how: Callable[..., Job]
+    ) -> None:
         jobs = [
             how(pk, actor=audit_actor(request)).pk for pk in queryset.values_list("pk", flat=True)
         ]
@@ -116,7 +120,7 @@ class SendAgainMixin:
 
 
 @admin.register(Delivery)
-class DeliveryAdmin(SendAgainMixin, ReadOnlyAdmin):
+class DeliveryAdmin(SendAgainAdmin):
     list_display = ["id", "event", "endpoint", "state", "possibly_sent", "status_code",
                     "attempts", "delivered_at", "job_id", "idempotency_key"]  # fmt: skip
     list_filter = ["state", "possibly_sent", "endpoint"]
@@ -131,7 +135,7 @@ class DeliveryAdmin(SendAgainMixin, ReadOnlyAdmin):
 
 
 @admin.register(MailDelivery)
-class MailDeliveryAdmin(SendAgainMixin, ReadOnlyAdmin):
+class MailDeliveryAdmin(SendAgainAdmin):
     list_display = ["id", "event", "address", "state", "possibly_sent", "possibly_duplicate",
                     "guarantee", "send_attempts", "sent_at", "job_id"]  # fmt: skip
     list_filter = ["state", "possibly_sent", "possibly_duplicate"]

@@ -24,7 +24,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Model, QuerySet
+from django.db.models import F, QuerySet
+from django.http import HttpRequest
 from django.utils import timezone
 
 from . import signals
@@ -44,6 +45,8 @@ MAIL_OPERATION = "durable.mail"
 NOTIFY_OPERATIONS = frozenset({WEBHOOK_OPERATION, MAIL_OPERATION})
 MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_LAST_ERROR_BYTES = 1000
+# A webhook's or a mail's delivery record: the same bookkeeping fields on both.
+DeliveryModel = type[Delivery] | type[MailDelivery]
 
 
 @dataclass
@@ -142,7 +145,9 @@ def _enqueue(operation: str, delivery_id: int, prefix: str, owner: str = "notify
     )
 
 
-def _again(model: type[Model], operation: str, prefix: str, pk: int, actor: str, counter: str):
+def _again(
+    model: DeliveryModel, operation: str, prefix: str, pk: int, actor: str, counter: str
+) -> Job:
     """Shared by redeliver/resend: back to pending, same key, job enqueued or woken."""
     with transaction.atomic():
         record = model.objects.select_for_update().get(pk=pk)
@@ -159,7 +164,7 @@ def _again(model: type[Model], operation: str, prefix: str, pk: int, actor: str,
     return job
 
 
-def audit_actor(request: Any) -> str:
+def audit_actor(request: HttpRequest) -> str:
     """How a person acting through the admin is named in the jobs' event logs."""
     return f"admin:{request.user.get_username()}"[:150]
 
@@ -212,7 +217,7 @@ def max_attempts(job_id: int) -> int:
 # --- what the engine reports -----------------------------------------------------------
 
 
-def _delivery_model(operation: str) -> type[Model] | None:
+def _delivery_model(operation: str) -> DeliveryModel | None:
     if operation == WEBHOOK_OPERATION:
         return Delivery
     if operation == MAIL_OPERATION:

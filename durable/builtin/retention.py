@@ -8,7 +8,6 @@ from typing import Any
 
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from ..errors import InputRejected
 from ..models import (
@@ -83,7 +82,7 @@ class PurgeJobs(Operation):
 
     def _cutoff(self, ctx: JobContext) -> datetime:
         if ctx.checkpoint and ctx.checkpoint.get("cutoff"):
-            return parse_datetime(ctx.checkpoint["cutoff"])
+            return datetime.fromisoformat(ctx.checkpoint["cutoff"])  # written by isoformat()
         return timezone.now() - parse_duration(ctx.input["older_than"])
 
     def total_units(self, ctx: JobContext) -> int | None:
@@ -179,7 +178,7 @@ class PurgeJobs(Operation):
         )
 
     def run_unit(self, ctx: JobContext, unit: Unit) -> dict[str, int]:
-        cutoff = parse_datetime(unit.payload["cutoff"])
+        cutoff = datetime.fromisoformat(unit.payload["cutoff"])
         if unit.key == "schedule-occurrences":
             deleted, _ = Occurrence.objects.filter(created_at__lt=cutoff).delete()
             return {"occurrences": deleted}

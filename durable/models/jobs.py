@@ -9,6 +9,7 @@ event, in one transaction. Application code reads them through the
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django.db import models
 from django.db.models import Q
@@ -113,6 +114,10 @@ class Job(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     objects = JobQuerySet.as_manager()
+
+    # Not a column: set on the job ``durable.jobs.enqueue`` returns, False when an
+    # unfinished job with the same unique key was returned instead of a new one.
+    created: bool
 
     class Meta:
         # The dashboard's operator actions, grantable one by one (Django's own
@@ -239,7 +244,8 @@ class UnitResult(models.Model):
         Job, on_delete=models.CASCADE, related_name="unit_results", db_index=False
     )
     key = models.CharField(max_length=255)
-    result = models.JSONField(null=True, blank=True)
+    # Whatever the unit returned (JSON, null included): open, as the operation decides.
+    result: Any = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -170,6 +170,7 @@ def _check_input(operation: str, data: Any) -> dict[str, Any]:
 def _timing(
     cron: str | None, every: timedelta | None, zone: str
 ) -> tuple[str, timedelta | None, str]:
+    """The rule as stored: (cron, interval, zone); exactly one of cron and interval."""
     if bool(cron) == (every is not None):
         raise InputRejected("cron", "give a cron expression or an interval (exactly one)")
     if zone:
@@ -177,9 +178,9 @@ def _timing(
             time_zone(zone)
         except ValueError as exc:
             raise InputRejected("time_zone", str(exc)) from None
-    if cron:
+    if every is None:
         try:
-            return normalise_cron(cron), None, zone
+            return normalise_cron(cron or ""), None, zone
         except ValueError as exc:
             raise InputRejected("cron", str(exc)) from None
     try:

@@ -12,6 +12,7 @@ new token (the old one stops working at once) and lifts a revocation.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
@@ -40,11 +41,11 @@ class Command(BaseCommand):
             help="replace the token of an existing client (keeps its scopes unless given)",
         )
 
-    def handle(self, *args: object, **options: object) -> None:
+    def handle(self, *args: Any, **options: Any) -> None:
         name = str(options["name"]).strip()
         if not 0 < len(name) <= 100 or not name.isprintable():
             raise CommandError("NAME must be 1 to 100 printable characters")
-        scopes = sorted(set(options["scope"]))  # type: ignore[arg-type]
+        scopes = sorted(set(options["scope"]))
         token = new_token()
         now = timezone.now()
         with transaction.atomic():
