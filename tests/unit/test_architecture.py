@@ -24,6 +24,7 @@ that wants one of its pure ones.
 from __future__ import annotations
 
 import ast
+import functools
 from fnmatch import fnmatchcase
 from pathlib import Path
 
@@ -45,12 +46,11 @@ LEGACY = frozenset(
 # (an exact name before a pattern, a longer pattern before a shorter one).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
-        "rules",  # pure: no ORM, no I/O; what every other layer may read
+        "rules",  # pure decisions and the shared vocabulary (errors, signals): no ORM, no I/O
         (
             "durable.rules", "durable.states", "durable.policy", "durable.errors",
-            "durable.faults", "durable.signals", "durable.sanitize", "durable.logs",
-            "durable.clientip", "durable.turns", "durable.wakeup",
-            "durable.*.policy", "durable.http.addresses", "durable.http.errors",
+            "durable.signals", "durable.sanitize", "durable.clientip", "durable.*.policy",
+            "durable.http.addresses", "durable.http.errors",
             "durable.api.errors", "durable.api.parse", "durable.api.tokens",
             "durable.builtin.derived", "durable.builtin.inventory", "durable.builtin.manifest",
             "durable.schedules.timing", "durable.tasks.compat",
@@ -64,7 +64,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "models",  # every table of the engine
         ("durable.models", "durable.models.*", *sorted(LEGACY)),
     ),
-    ("engine", ("durable.*",)),  # jobs, leases, rescue, notify, outbound HTTP, schedules…
+    # jobs, leases, rescue, notify, outbound HTTP, schedules, and the process-level helpers
+    # (fault points, SQLite's writer turns, wake-ups, log lines)
+    ("engine", ("durable.*",)),
     (
         "operations",  # what the worker runs, registered in durable.operations
         ("durable.builtin.*", "durable.mail.operations", "durable.webhooks.operations",
@@ -320,8 +322,14 @@ def test_imports__tells_a_function_local_import():
 # --- the project -------------------------------------------------------------------------
 
 
+@functools.cache
+def project_graph() -> dict[str, set[str]]:
+    """The project's import graph, read once for the tests below (each only reads it)."""
+    return import_graph(project_modules())
+
+
 def test_the_scan_sees_the_engine_and_the_site():
-    graph = import_graph(project_modules())
+    graph = project_graph()
     assert VIEW_MODULES - set(graph) == set()  # every view module still exists under its name
     assert "durable.models" in graph["durable.lease"]
     assert "recovery.dashboard.context" in graph["recovery.dashboard.views"]
@@ -332,11 +340,11 @@ def test_every_module_is_in_a_layer():
 
 
 def test_no_import_cycle():
-    assert cycles(import_graph(project_modules())) == []
+    assert cycles(project_graph()) == []
 
 
 def test_no_module_imports_a_higher_layer():
-    graph = import_graph(project_modules())
+    graph = project_graph()
     offenders = sorted(
         f"{module} ({layer_of(module)}) imports {target} ({layer_of(target)})"
         for module, found in graph.items()
@@ -347,13 +355,13 @@ def test_no_module_imports_a_higher_layer():
 
 
 def test_no_module_imports_an_old_path():
-    graph = import_graph(project_modules())
+    graph = project_graph()
     offenders = {module: sorted(found & LEGACY) for module, found in graph.items()}
     assert {module: found for module, found in offenders.items() if found} == {}
 
 
 def test_no_view_module_imports_another():
-    graph = import_graph(project_modules())
+    graph = project_graph()
     offenders = {module: sorted(graph[module] & VIEW_MODULES) for module in VIEW_MODULES}
     assert {module: found for module, found in offenders.items() if found} == {}
 
