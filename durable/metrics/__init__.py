@@ -16,8 +16,10 @@ tables at scrape time (``build_registry``), ``views`` serves ``GET /metrics``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from prometheus_client.registry import Collector
+if TYPE_CHECKING:  # registering imports nothing: prometheus_client loads with the collector
+    from prometheus_client.registry import Collector
 
 _extra: dict[str, Callable[[], Collector]] = {}
 

@@ -72,7 +72,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ("durable.builtin.*", "durable.mail.operations", "durable.webhooks.operations",
          "durable.tasks", "durable.tasks.*"),
     ),
-    ("worker", ("durable.worker",)),
+    ("worker", ("durable.worker", "durable.worker.*")),
     (
         "surfaces",  # what people and programs call: HTTP, admin, commands, app loading
         ("durable.admin", "durable.apps", "durable.api.*", "durable.metrics.views",
