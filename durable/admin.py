@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.contrib import admin
 from django.db import models
 from django.http import HttpRequest
 
-from .models import Job, JobEvent, WorkerProcess
+from .models import (
+    Credential,
+    Delivery,
+    Endpoint,
+    GateSlot,
+    Job,
+    JobEvent,
+    MailDelivery,
+    MailRecipient,
+    OutboundEvent,
+    WorkerProcess,
+)
+from .notify import audit_actor, redeliver, resend_mail
+from .schedules import admin as _schedules_admin  # noqa: F401 - registers its pages
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -23,7 +38,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 class JobEventInline(admin.TabularInline):
     model = JobEvent
     fields = ["seq", "kind", "message", "data", "created_at"]
-    readonly_fields = fields
+    readonly_fields = ["seq", "kind", "message", "data", "created_at"]
     extra = 0
     can_delete = False
     ordering = ["-seq"]
@@ -54,15 +69,6 @@ class WorkerProcessAdmin(ReadOnlyAdmin):
 # Endpoints and mail recipients are configuration, edited here (they hold only a
 # secret's *name*). Deliveries, events, gates and credentials are read-only;
 # a credential's value or ciphertext is never shown.
-from .external_models import (  # noqa: E402 - kept with the admin classes that use them
-    Credential,
-    Delivery,
-    Endpoint,
-    GateSlot,
-    MailDelivery,
-    MailRecipient,
-    OutboundEvent,
-)
 
 
 @admin.register(Endpoint)
@@ -92,8 +98,8 @@ class OutboundEventAdmin(ReadOnlyAdmin):
     show_full_result_count = False
 
 
-class SendAgainMixin:
-    """An admin action that sends deliveries again through their durable job.
+class SendAgainAdmin(ReadOnlyAdmin):
+    """Read-only, with an admin action that sends deliveries again through their durable job.
 
     Whoever may retry jobs (``durable.retry_job``, or ``change_job``) may use it.
     Webhooks keep their ``Idempotency-Key`` and mail its ``Message-ID``, so a
@@ -104,9 +110,9 @@ class SendAgainMixin:
         user = request.user
         return user.has_perm("durable.retry_job") or user.has_perm("durable.change_job")
 
-    def _send_again(self, request: HttpRequest, queryset: models.QuerySet, how) -> None:
-        from .notify import audit_actor
-
+    def _send_again(
+        self, request: HttpRequest, queryset: models.QuerySet, how: Callable[..., Job]
+    ) -> None:
         jobs = [
             how(pk, actor=audit_actor(request)).pk for pk in queryset.values_list("pk", flat=True)
         ]
@@ -114,7 +120,7 @@ class SendAgainMixin:
 
 
 @admin.register(Delivery)
-class DeliveryAdmin(SendAgainMixin, ReadOnlyAdmin):
+class DeliveryAdmin(SendAgainAdmin):
     list_display = ["id", "event", "endpoint", "state", "possibly_sent", "status_code",
                     "attempts", "delivered_at", "job_id", "idempotency_key"]  # fmt: skip
     list_filter = ["state", "possibly_sent", "endpoint"]
@@ -125,13 +131,11 @@ class DeliveryAdmin(SendAgainMixin, ReadOnlyAdmin):
 
     @admin.action(description="Deliver again (same Idempotency-Key)", permissions=["send_again"])
     def redeliver(self, request: HttpRequest, queryset: models.QuerySet) -> None:
-        from .notify import redeliver
-
         self._send_again(request, queryset, redeliver)
 
 
 @admin.register(MailDelivery)
-class MailDeliveryAdmin(SendAgainMixin, ReadOnlyAdmin):
+class MailDeliveryAdmin(SendAgainAdmin):
     list_display = ["id", "event", "address", "state", "possibly_sent", "possibly_duplicate",
                     "guarantee", "send_attempts", "sent_at", "job_id"]  # fmt: skip
     list_filter = ["state", "possibly_sent", "possibly_duplicate"]
@@ -142,8 +146,6 @@ class MailDeliveryAdmin(SendAgainMixin, ReadOnlyAdmin):
 
     @admin.action(description="Send again (same Message-ID)", permissions=["send_again"])
     def resend(self, request: HttpRequest, queryset: models.QuerySet) -> None:
-        from .notify import resend_mail
-
         self._send_again(request, queryset, resend_mail)
 
 
@@ -160,6 +162,3 @@ class GateSlotAdmin(ReadOnlyAdmin):
     list_display = ["provider", "holder", "acquired_at", "expires_at"]
     list_filter = ["provider"]
     ordering = ["-acquired_at"]
-
-
-from .schedules import admin as _schedules_admin  # noqa: E402,F401 - registers its pages

@@ -7,19 +7,18 @@ class DurableConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.db.backends.signals import connection_created
         from django.utils.module_loading import autodiscover_modules
 
         # Built-in operations register themselves on import; so do those in
         # every installed app's ``operations`` module, as the admin does.
-        from . import builtin  # noqa: F401
+        from .builtin import backup, dbcopy, files, integrity, noop, restore, retention  # noqa: F401
         from .mail import operations as _mail  # noqa: F401
         from .notify import connect_receivers
         from .webhooks import operations as _webhooks  # noqa: F401
 
         autodiscover_modules("operations")
         connect_receivers()
-
-        from django.db.backends.signals import connection_created
 
         from .turns import install
 

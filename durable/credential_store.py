@@ -15,22 +15,12 @@ from collections.abc import Sequence
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
-from django.db import models, transaction
+from django.db import transaction
 from django.utils import timezone
 
-from .credentials import secret_problem
 from .errors import Unavailable
-from .policy import MIN_SECRET_CHARS
-
-
-class Credential(models.Model):
-    name = models.CharField(max_length=100, unique=True)
-    ciphertext = models.TextField(help_text="Fernet token; the key is never in the database.")
-    created_at = models.DateTimeField(default=timezone.now)
-    updated_at = models.DateTimeField(default=timezone.now)
-
-    def __str__(self) -> str:
-        return self.name
+from .models import Credential
+from .policy import MIN_SECRET_CHARS, secret_problem
 
 
 def configured_keys() -> list[str]:

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import os
 import re
-import unicodedata
 from collections.abc import Callable
 
 from django.conf import settings
 from django.utils.module_loading import import_string
 
+from .credential_store import lookup
 from .errors import Unavailable
-from .policy import MIN_SECRET_CHARS
+from .policy import secret_problem
 
 DEFAULT_RESOLVERS = (
     "durable.credentials.from_settings",
@@ -50,27 +50,7 @@ def from_environment(name: str) -> str | None:
 
 
 def from_database(name: str) -> str | None:
-    from .credential_store import lookup
-
     return lookup(name)
-
-
-MAX_SECRET_BYTES = 16 * 1024
-
-
-def secret_problem(value: str) -> str | None:
-    """Pure: why ``value`` (already stripped) cannot be used as a secret, or None.
-
-    The reason never quotes the value.
-    """
-    if len(value) < MIN_SECRET_CHARS:
-        return f"it is shorter than {MIN_SECRET_CHARS} characters (too short to redact)"
-    if len(value.encode("utf-8", errors="replace")) > MAX_SECRET_BYTES:
-        return f"it is longer than {MAX_SECRET_BYTES} bytes"
-    for char in value:
-        if unicodedata.category(char) in ("Cc", "Zl", "Zp"):
-            return "it contains a control character or a line break"
-    return None
 
 
 def _resolvers() -> list[Callable[[str], str | None]]:

@@ -26,6 +26,7 @@ from .errors import InputRejected
 from .models import Job, JobEvent
 from .operations import Operation, get_operation, max_input_bytes
 from .policy import MAX_ERROR_MESSAGE_BYTES, truncate_utf8
+from .rules import UNIQUE_KEY_MAX, priority_from, queue_name_problem
 from .sanitize import clean_input
 from .states import FINISHED_STATES, Action, Decision, JobState, OnRestart, decide
 
@@ -162,6 +163,11 @@ def enqueue(
     ``Operation.unique_key(input)``), an unfinished job with the same key is
     returned instead of creating a second one (``job.created`` tells which
     happened); the database's partial unique index settles races between processes.
+
+    The queue (``queue`` or the operation's) and the priority obey the rules every
+    way into the engine shares (``durable.rules``): 1 to 64 letters, digits,
+    ``_ . : -`` starting with a letter or digit, and a whole number from -100 to
+    100; anything else raises ``InputRejected``.
     """
     op = get_operation(operation)
     data = clean_job_input(op, input)
@@ -295,15 +301,17 @@ def _common_fields(
     except ValueError:
         raise InputRejected("on_restart", f"must be one of {', '.join(OnRestart.values)}") from None
     try:
-        prio = int(priority)
-    except (TypeError, ValueError):
-        raise InputRejected("priority", "must be a whole number") from None
-    if not -100 <= prio <= 100:
-        raise InputRejected("priority", "must be between -100 and 100")
+        prio = priority_from(priority)
+    except ValueError as exc:
+        raise InputRejected("priority", str(exc)) from None
+    queue = queue or op.queue
+    problem = queue_name_problem(queue)
+    if problem is not None:
+        raise InputRejected("queue", problem)
     return {
         "owner": owner,
         "tenant": tenant,
-        "queue": queue or op.queue,
+        "queue": queue,
         "priority": prio,
         "on_restart": policy,
         "max_attempts": max(1, int(max_attempts or op.max_attempts)),
@@ -311,8 +319,8 @@ def _common_fields(
 
 
 def _check_unique_key(key: str | None) -> None:
-    if key is not None and not 0 < len(key) <= 255:
-        raise InputRejected("unique_key", "must be 1 to 255 characters")
+    if key is not None and not 0 < len(key) <= UNIQUE_KEY_MAX:
+        raise InputRejected("unique_key", f"must be 1 to {UNIQUE_KEY_MAX} characters")
 
 
 _FIELDS = Job._meta.concrete_fields

@@ -24,16 +24,19 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Model, QuerySet
+from django.db.models import F, QuerySet
+from django.http import HttpRequest
 from django.utils import timezone
 
 from . import signals
 from .errors import InputRejected, LeaseLost
 from .jobs import enqueue, retry_now
-from .models import Job
+from .mail.policy import message_id
+from .models import Delivery, Endpoint, Job, MailDelivery, MailRecipient, OutboundEvent
 from .operations import JobContext
-from .policy import truncate_utf8
+from .policy import redact, truncate_utf8
 from .states import LEASED_STATES, JobState
+from .webhooks.policy import content_id, idempotency_key
 
 log = logging.getLogger("durable.notify")
 
@@ -42,6 +45,8 @@ MAIL_OPERATION = "durable.mail"
 NOTIFY_OPERATIONS = frozenset({WEBHOOK_OPERATION, MAIL_OPERATION})
 MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_LAST_ERROR_BYTES = 1000
+# A webhook's or a mail's delivery record: the same bookkeeping fields on both.
+DeliveryModel = type[Delivery] | type[MailDelivery]
 
 
 @dataclass
@@ -68,11 +73,6 @@ def publish(
     event_type: str, event_id: str, payload: dict[str, Any], *, summary: str = ""
 ) -> Published:
     """Fan an event out to every matching destination; idempotent per ``event_id``."""
-    from .mail.models import MailDelivery, MailRecipient
-    from .mail.policy import message_id
-    from .webhooks import policy
-    from .webhooks.models import Delivery, Endpoint, OutboundEvent
-
     if not event_type or len(event_type) > 100:
         raise InputRejected("event_type", "must be 1 to 100 characters")
     if not event_id or len(event_id) > 200:
@@ -98,9 +98,7 @@ def publish(
             delivery, new = Delivery.objects.get_or_create(
                 event=event,
                 endpoint=endpoint,
-                defaults={
-                    "idempotency_key": policy.idempotency_key(event_id, f"hook:{endpoint.pk}")
-                },
+                defaults={"idempotency_key": idempotency_key(event_id, f"hook:{endpoint.pk}")},
             )
             if new:
                 job = _enqueue(WEBHOOK_OPERATION, delivery.pk, "webhook-delivery")
@@ -127,8 +125,6 @@ def anyone_listening() -> bool:
 
     Lets a bulk caller skip building payloads on a site that configured no destination.
     """
-    from .mail.models import MailRecipient
-    from .webhooks.models import Endpoint
 
     return (
         Endpoint.objects.filter(enabled=True).exists()
@@ -149,7 +145,9 @@ def _enqueue(operation: str, delivery_id: int, prefix: str, owner: str = "notify
     )
 
 
-def _again(model: type[Model], operation: str, prefix: str, pk: int, actor: str, counter: str):
+def _again(
+    model: DeliveryModel, operation: str, prefix: str, pk: int, actor: str, counter: str
+) -> Job:
     """Shared by redeliver/resend: back to pending, same key, job enqueued or woken."""
     with transaction.atomic():
         record = model.objects.select_for_update().get(pk=pk)
@@ -166,15 +164,13 @@ def _again(model: type[Model], operation: str, prefix: str, pk: int, actor: str,
     return job
 
 
-def audit_actor(request: Any) -> str:
+def audit_actor(request: HttpRequest) -> str:
     """How a person acting through the admin is named in the jobs' event logs."""
     return f"admin:{request.user.get_username()}"[:150]
 
 
 def redeliver(delivery_id: int, *, actor: str = "") -> Job:
     """Send a webhook delivery again (an operator's request) with the same idempotency key."""
-    from .webhooks.models import Delivery
-
     return _again(
         Delivery, WEBHOOK_OPERATION, "webhook-delivery", delivery_id, actor, "redeliveries"
     )
@@ -182,8 +178,6 @@ def redeliver(delivery_id: int, *, actor: str = "") -> Job:
 
 def resend_mail(delivery_id: int, *, actor: str = "") -> Job:
     """Send a mail delivery again (an operator's request), same Message-ID."""
-    from .mail.models import MailDelivery
-
     return _again(MailDelivery, MAIL_OPERATION, "mail-delivery", delivery_id, actor, "resends")
 
 
@@ -213,8 +207,6 @@ def fenced_update(ctx: JobContext, queryset: QuerySet, **fields: Any) -> None:
 
 
 def last_error(text: str, secrets: Iterable[str] = ()) -> str:
-    from .policy import redact
-
     return truncate_utf8(redact(text, frozenset(secrets)), MAX_LAST_ERROR_BYTES)
 
 
@@ -225,14 +217,10 @@ def max_attempts(job_id: int) -> int:
 # --- what the engine reports -----------------------------------------------------------
 
 
-def _delivery_model(operation: str) -> type[Model] | None:
+def _delivery_model(operation: str) -> DeliveryModel | None:
     if operation == WEBHOOK_OPERATION:
-        from .webhooks.models import Delivery
-
         return Delivery
     if operation == MAIL_OPERATION:
-        from .mail.models import MailDelivery
-
         return MailDelivery
     return None
 
@@ -303,8 +291,6 @@ RECOVERY_FIELDS = ("type", "severity", "detail", "db", "source", "done", "delete
 def on_recovery_event(sender: object, **kwargs: Any) -> None:
     if kwargs.get("severity") != "error" or not kwargs.get("type"):
         return
-    from .webhooks.policy import content_id
-
     data = {name: kwargs.get(name) for name in RECOVERY_FIELDS if kwargs.get(name) is not None}
     data["detail"] = truncate_utf8(str(data.get("detail", "")), 4000)
     publish(

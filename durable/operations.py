@@ -35,7 +35,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.conf import settings
 
+from .credentials import resolve
 from .errors import NonRetryable, Stopping, UnknownOperation
+from .sanitize import is_reference_key
 from .states import JobState, OnRestart
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -132,8 +134,6 @@ class JobContext:
 
     def credential(self, name: str) -> str:
         """Resolve a credential reference at run time; the value is redacted from errors."""
-        from .credentials import resolve
-
         value = resolve(name)
         self.secrets.add(value)
         return value
@@ -202,8 +202,6 @@ class Operation:
 
     def credential_refs(self, data: dict[str, Any]) -> Iterable[str]:
         """Credential names the job needs; missing ones pause it with a clear reason."""
-        from .sanitize import is_reference_key
-
         return [v for k, v in data.items() if is_reference_key(k) and isinstance(v, str)]
 
     # --- called by the worker -----------------------------------------------------

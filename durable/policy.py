@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import re
 import traceback
+import unicodedata
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -63,6 +64,25 @@ def redact(text: str, secrets: frozenset[str] | set[str]) -> str:
         if len(secret) >= MIN_SECRET_CHARS:
             text = text.replace(secret, "[redacted]")
     return text
+
+
+MAX_SECRET_BYTES = 16 * 1024
+
+
+def secret_problem(value: str) -> str | None:
+    """Why ``value`` (already stripped) cannot be used as a secret, or None.
+
+    What ``durable.credentials.resolve`` uses and what the encrypted table
+    stores obey this one rule. The reason never quotes the value.
+    """
+    if len(value) < MIN_SECRET_CHARS:
+        return f"it is shorter than {MIN_SECRET_CHARS} characters (too short to redact)"
+    if len(value.encode("utf-8", errors="replace")) > MAX_SECRET_BYTES:
+        return f"it is longer than {MAX_SECRET_BYTES} bytes"
+    for char in value:
+        if unicodedata.category(char) in ("Cc", "Zl", "Zp"):
+            return "it contains a control character or a line break"
+    return None
 
 
 def error_entry(

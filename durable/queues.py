@@ -13,15 +13,19 @@ from __future__ import annotations
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from .models import Job, PausedQueue
-
-MAX_QUEUE_CHARS = Job._meta.get_field("queue").max_length
+from .models import PausedQueue
+from .rules import queue_name_problem
 
 
 def pause_queue(queue: str, *, actor: str = "", reason: str = "") -> bool:
-    """Stop claims from ``queue``; False if it was already paused."""
-    if not queue or len(queue) > MAX_QUEUE_CHARS:
-        raise ValueError(f"a queue name has 1 to {MAX_QUEUE_CHARS} characters")
+    """Stop claims from ``queue``; False if it was already paused.
+
+    ValueError for a name no job can have (``durable.rules``): the same names
+    ``enqueue()`` and the HTTP API refuse.
+    """
+    problem = queue_name_problem(queue)
+    if problem is not None:
+        raise ValueError(f"queue {str(queue)[:40]!r} {problem}")
     try:
         with transaction.atomic():
             PausedQueue.objects.create(
@@ -39,4 +43,5 @@ def resume_queue(queue: str) -> bool:
 
 
 def paused_queues() -> dict[str, PausedQueue]:
+    """Every paused queue by name, with who paused it, when and why."""
     return {row.queue: row for row in PausedQueue.objects.all()}

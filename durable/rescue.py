@@ -38,6 +38,7 @@ from django.utils import timezone
 from . import signals, turns
 from .jobs import add_events, announce_change, needs_attention
 from .models import Job, UnitResult, WorkerProcess, database_now, db_now
+from .operations import get_operation, registered
 from .policy import append_bounded, deaths_without_progress, reclaim_delay, worker_alive
 from .states import (
     LEASED_STATES,
@@ -396,8 +397,6 @@ def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str, *, position: in
                 )
                 kind, message = "failed", fields["reason"]
             elif exhausted:
-                from .operations import get_operation, registered
-
                 target = (
                     JobState(get_operation(job.operation).on_exhausted)
                     if job.operation in registered()

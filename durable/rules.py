@@ -41,6 +41,23 @@ def priority_problem(value: Any) -> str | None:
     return None
 
 
+def priority_from(value: Any) -> int:
+    """The priority ``value`` stands for when code passes it (``enqueue()``, schedules).
+
+    Read with ``int()``, as ``enqueue()`` always has (``"5"`` and ``5.0`` are 5),
+    then held to the range; ValueError with the rule when it is not a priority.
+    The HTTP API is stricter about JSON types: it asks ``priority_problem``.
+    """
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"must be {PRIORITY_RULE}") from None
+    problem = priority_problem(number)
+    if problem is not None:
+        raise ValueError(problem)
+    return number
+
+
 def is_queue_name(value: Any) -> bool:
     """Whether ``value`` is a queue name every part of the engine accepts."""
     return isinstance(value, str) and _QUEUE_NAME.match(value) is not None

@@ -26,8 +26,8 @@ from django.db import DEFAULT_DB_ALIAS
 from durable import signals
 from durable.errors import DurableError, InputRejected
 from durable.models import Job
+from durable.models.schedules import Schedule
 from durable.policy import parse_duration
-from durable.schedules.models import Schedule
 from durable.schedules.service import Due, ensure_schedule, register_trigger
 from durable.schedules.timing import normalise_cron
 

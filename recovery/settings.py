@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 import django
@@ -277,7 +278,7 @@ DURABLE_RESTORE_KEEP_APPS = env_list("DURABLE_RESTORE_KEEP_APPS", "recovery")
 
 # --- Logging ------------------------------------------------------------------
 
-LOGGING = {
+LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"logfmt": {"()": "durable.logs.LogfmtFormatter"}},

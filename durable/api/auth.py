@@ -27,9 +27,9 @@ from django.utils import timezone
 from .. import signals
 from ..clientip import request_client_ip
 from ..errors import UnknownOperation
+from ..models.api import ADMIN_SCOPE, Client
 from ..operations import Access, Operation, get_operation, may_start
 from .errors import FieldError, Refusal, invalid
-from .models import ADMIN_SCOPE, Client
 from .parse import parse_bearer
 from .tokens import token_matches, token_prefix
 

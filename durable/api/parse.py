@@ -14,8 +14,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
+from ..rules import priority_problem, queue_name_problem
 from ..schedules.timing import CatchUp, normalise_cron, parse_interval
 from ..schedules.timing import time_zone as check_time_zone
 from ..states import JobState, OnRestart
@@ -24,7 +25,6 @@ from .errors import FieldError, Refusal, invalid
 MAX_IDEMPOTENCY_KEY = 255
 MAX_OPERATION_NAME = 100
 MAX_SCHEDULE_NAME = 100
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 # RFC 6750 b64token; anything else after "Bearer " is malformed.
 B64TOKEN = re.compile(r"^[A-Za-z0-9\-._~+/]+=*$")
 VISIBLE_ASCII = re.compile(r"^[\x21-\x7e]+$")
@@ -200,7 +200,10 @@ def request_digest(method: str, path: str, data: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _with_defaults(submission: Any, *, queue: str, priority: int, on_restart: str) -> Any:
+_Options = TypeVar("_Options", "Submission", "BatchSubmission")
+
+
+def _with_defaults(submission: _Options, *, queue: str, priority: int, on_restart: str) -> _Options:
     """A (batch) submission with every None option replaced by the operation's value."""
     return replace(
         submission,
@@ -229,31 +232,32 @@ class Submission:
 
 
 def _priority(value: Any, errors: list[FieldError]) -> int | None:
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)  # 5.0 is the number 5 in JSON
-    if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int) or not -100 <= value <= 100
-    ):
-        errors.append(FieldError("priority", "must be an integer from -100 to 100"))
+    if value is None:
         return None
-    return value
+    problem = priority_problem(value)
+    if problem is not None:
+        errors.append(FieldError("priority", problem))
+        return None
+    return int(value)  # 5.0 is the number 5 in JSON
 
 
 def _queue(value: Any, errors: list[FieldError]) -> str | None:
-    if value is not None and not (isinstance(value, str) and QUEUE_NAME.match(value)):
-        errors.append(
-            FieldError("queue", "must be 1 to 64 letters, digits, _ . : - (starting alphanumeric)")
-        )
+    if value is None:
         return None
-    return value
+    problem = queue_name_problem(value)
+    if problem is not None:
+        errors.append(FieldError("queue", problem))
+        return None
+    return str(value)
 
 
-def _operation(value: Any, errors: list[FieldError]) -> Any:
+def _operation(value: Any, errors: list[FieldError]) -> str:
     """The ``operation`` of a submission or a schedule: required, a name of bounded length."""
     if not isinstance(value, str) or not 0 < len(value) <= MAX_OPERATION_NAME:
         errors.append(
             FieldError("operation", f"required: a string of 1 to {MAX_OPERATION_NAME} characters")
         )
+        return ""
     return value
 
 
@@ -355,6 +359,20 @@ def _optional(data: Mapping[str, Any], name: str, kind: type, errors: list[Field
     return None
 
 
+def _schedule_name(value: Any, errors: list[FieldError]) -> str:
+    """The stripped name, or "" after adding the error.
+
+    The service's rule (schedules.service._fields), checked here so that what the
+    service refuses later is about the input alone.
+    """
+    name = value.strip() if isinstance(value, str) else ""
+    if not 0 < len(name) <= MAX_SCHEDULE_NAME or any(ch.isspace() and ch != " " for ch in name):
+        why = f"required: 1 to {MAX_SCHEDULE_NAME} characters, no tabs or newlines"
+        errors.append(FieldError("name", why))
+        return ""
+    return name
+
+
 def parse_schedule(data: Mapping[str, Any]) -> ScheduleSpec:
     """Check the fields of ``POST /schedules``: types and shapes here, meaning in the service.
 
@@ -362,18 +380,7 @@ def parse_schedule(data: Mapping[str, Any]) -> ScheduleSpec:
     ``1h``, ``1d``, ``2w``; a bare number is seconds). Null means the default.
     """
     errors = _unknown_fields(data, SCHEDULE_FIELDS)
-    name = data.get("name")
-    if isinstance(name, str):
-        name = name.strip()
-    # The service's rule (schedules.service._fields), checked here so that what the
-    # service refuses later is about the input alone.
-    if (
-        not isinstance(name, str)
-        or not 0 < len(name) <= MAX_SCHEDULE_NAME
-        or any(ch.isspace() and ch != " " for ch in name)
-    ):
-        why = f"required: 1 to {MAX_SCHEDULE_NAME} characters, no tabs or newlines"
-        errors.append(FieldError("name", why))
+    name = _schedule_name(data.get("name"), errors)
     operation = _operation(data.get("operation"), errors)
     cron = _optional(data, "cron", str, errors)
     interval = _optional(data, "interval", str, errors)
@@ -429,9 +436,9 @@ def parse_schedule_patch(data: Mapping[str, Any]) -> bool:
     enabled = data.get("enabled")
     if not isinstance(enabled, bool):
         errors.append(FieldError("enabled", "required: true or false"))
-    if errors:
-        raise invalid(errors)
-    return enabled
+    elif not errors:
+        return enabled
+    raise invalid(errors)
 
 
 # --- query strings -------------------------------------------------------------------

@@ -9,7 +9,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.urls import reverse
 
 from ..models import Job, JobEvent
-from ..schedules.models import Occurrence, Schedule
+from ..models.schedules import Occurrence, Schedule
 from ..schedules.service import describe_rule
 from ..schedules.timing import format_interval
 

@@ -16,11 +16,11 @@ import logging
 from django.http import HttpRequest, HttpResponse
 
 from ..errors import InputRejected
-from ..schedules.models import Schedule
+from ..models.api import Client
+from ..models.schedules import Schedule
 from ..schedules.service import add_schedule, remove_schedule, set_enabled
 from .auth import authorize_operation, authorize_schedule_enable
 from .errors import Refusal, rejected_input
-from .models import Client
 from .parse import (
     parse_schedule,
     parse_schedule_list_query,

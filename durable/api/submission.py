@@ -12,16 +12,15 @@ works the same after the server restarts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from django.db import IntegrityError, transaction
 
 from ..errors import InputRejected
 from ..jobs import enqueue, enqueue_many
-from ..models import Job
+from ..models import Client, IdempotencyKey, Job
 from .errors import FieldError, Refusal, invalid, rejected_input
-from .models import Client, IdempotencyKey
 from .parse import BatchSubmission, Submission
 from .render import dumps, job_json, job_url
 
@@ -112,7 +111,9 @@ def submit_batch(client: Client, batch: BatchSubmission, *, key: str | None, dig
     return _once(client, create, key=key, digest=digest)
 
 
-def _once(client: Client, create: Any, *, key: str | None, digest: str) -> Reply:
+def _once(
+    client: Client, create: Callable[[], tuple[Job, Reply]], *, key: str | None, digest: str
+) -> Reply:
     """``create()`` once per Idempotency-Key: the key row first, then the job(s)."""
     if key is None:
         return create()[1]

@@ -19,16 +19,17 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
 from .. import jobs
 from ..models import Job, JobEvent
+from ..models.api import Client
 from ..states import FINISHED_STATES, Action
 from ..tasks.describe import task_result_json
 from .auth import authenticate, authorize_job_action, authorize_operation
 from .errors import FieldError, Refusal, invalid
-from .models import Client
 from .openapi import build_document
 from .parse import (
     MAX_ID,
@@ -117,7 +118,8 @@ def refused(request: HttpRequest, refusal: Refusal) -> HttpResponse:
             "code": refusal.code,
         },
     )
-    response._has_been_logged = True  # django.utils.log.log_response's own marker
+    # django.utils.log.log_response's own marker, which the stubs do not declare
+    response._has_been_logged = True  # type: ignore[attr-defined]
     return response
 
 
@@ -253,7 +255,7 @@ def read_json_body(request: HttpRequest) -> dict[str, Any]:
 
 
 @endpoint({"GET": "jobs:read", "POST": "jobs:write"})
-def jobs_view(request: HttpRequest, client: Client | None) -> HttpResponse:
+def jobs_view(request: HttpRequest, client: Client) -> HttpResponse:
     if request.method == "POST":
         return submit_job(request, client)
     return list_jobs(request)
@@ -317,12 +319,12 @@ def list_jobs(request: HttpRequest) -> HttpResponse:
 
 
 @endpoint({"GET": "jobs:read"})
-def job_view(request: HttpRequest, client: Client | None, job_id: int) -> HttpResponse:
+def job_view(request: HttpRequest, client: Client, job_id: int) -> HttpResponse:
     return json_response(job_json(_job_or_404(job_id)))
 
 
 @endpoint({"GET": "jobs:read"})
-def job_result_view(request: HttpRequest, client: Client | None, job_id: int) -> HttpResponse:
+def job_result_view(request: HttpRequest, client: Client, job_id: int) -> HttpResponse:
     """A Django task's result (status, return value, errors), read from its job."""
     found = task_result_json(_job_or_404(job_id))
     if found is None:
@@ -331,7 +333,7 @@ def job_result_view(request: HttpRequest, client: Client | None, job_id: int) ->
 
 
 @endpoint({"GET": "jobs:read"})
-def job_events_view(request: HttpRequest, client: Client | None, job_id: int) -> HttpResponse:
+def job_events_view(request: HttpRequest, client: Client, job_id: int) -> HttpResponseBase:
     # The job is read before its events: state and event commit together, so a
     # job seen finished here has all its events visible to the next query, and
     # "finished" never makes a client stop before the last event.
@@ -414,7 +416,7 @@ class HeldStream:
                 slots.release()
 
 
-def stream_events(job: Job, after: int) -> HttpResponse:
+def stream_events(job: Job, after: int) -> HttpResponseBase:
     if job.is_finished and after >= job.event_seq:
         # Nothing will ever follow: 204 tells an EventSource to stop reconnecting.
         return no_content()

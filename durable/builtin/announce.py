@@ -25,9 +25,9 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, transaction
 
 from .. import faults, signals
+from ..models.builtin import Announcement
 from ..operations import JobContext
 from ..policy import truncate_utf8
-from .models import Announcement
 
 MAX_DETAIL_BYTES = 2048
 MAX_OBJECTS = 50

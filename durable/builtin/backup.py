@@ -389,7 +389,7 @@ class BackupDatabase(Operation):
             raise self._refuse(
                 ctx, "the site's tables changed during the backup; start a new backup"
             )
-        parts: dict[str, list[tuple[int, dict[str, Any]]]] = {label: [] for label in order}
+        parts: dict[str, list[tuple[int, Any]]] = {label: [] for label in order}  # JSON read back
         results = UnitResult.objects.filter(job_id=ctx.job_id, key__startswith="part:")
         for key, result in results.values_list("key", "result"):
             _, label, index = key.rsplit(":", 2)

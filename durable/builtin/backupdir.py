@@ -230,7 +230,8 @@ def _stream_part(
         hashing = _HashingFile(handle)
         rows = 0
         try:
-            with gzip.GzipFile(fileobj=hashing, mode="rb") as gz:  # type: ignore[arg-type]
+            # Read forward only: gzip calls read(), never the seek() its type asks for.
+            with gzip.GzipFile(fileobj=hashing, mode="rb") as gz:  # type: ignore[call-overload]
                 header = json.loads(gz.readline() or b"null")
                 if not isinstance(header, dict):
                     raise ValueError("no header line")

@@ -296,7 +296,9 @@ class CopyDatabase(Operation):
     def _verify_table(self, ctx: JobContext, spec: TableSpec, source: str, target: str) -> dict:
         prefix = f"verify:{spec.label}:"
         found = UnitResult.objects.filter(job_id=ctx.job_id, key__startswith=prefix)
-        results = {int(key.rsplit(":", 1)[1]): r for key, r in found.values_list("key", "result")}
+        results: dict[int, Any] = {
+            int(key.rsplit(":", 1)[1]): r for key, r in found.values_list("key", "result")
+        }
         whole = combine(results.values())
         upto = results[max(results)].get("upto") if results else None
         appended = 0

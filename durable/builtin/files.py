@@ -261,9 +261,10 @@ def _storage_choices() -> list[tuple[str, str]]:
 
 
 class MoveFilesForm(forms.Form):
-    source = forms.ChoiceField(label="From storage")
-    destination = forms.ChoiceField(label="To storage")
-    prefix = forms.CharField(
+    source = forms.ChoiceField(label="From storage", choices=_storage_choices)
+    destination = forms.ChoiceField(label="To storage", choices=_storage_choices)
+    # The metaclass moves fields into declared_fields: this never shadows BaseForm.prefix.
+    prefix = forms.CharField(  # type: ignore[assignment]
         required=False,
         max_length=MAX_NAME_CHARS,
         help_text="Only names starting with this; end it with / for a directory. Empty: all.",
@@ -278,12 +279,6 @@ class MoveFilesForm(forms.Form):
         ],
         initial="fail",
     )
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        choices = _storage_choices()
-        self.fields["source"].choices = choices
-        self.fields["destination"].choices = choices
 
     def clean_names(self) -> list[str]:
         return [line.strip() for line in self.cleaned_data["names"].splitlines() if line.strip()]
@@ -328,10 +323,10 @@ class MoveFiles(Operation):
             aliases[field] = alias
         if aliases["source"] == aliases["destination"]:
             raise InputRejected("destination", "must be another storage than the source")
-        roots = [local_root(storages[alias]) for alias in aliases.values()]
-        if None not in roots and roots_overlap(*roots):
+        src_root, dst_root = (local_root(storages[alias]) for alias in aliases.values())
+        if src_root and dst_root and roots_overlap(src_root, dst_root):
             raise InputRejected(
-                "destination", f"{roots[1]} and {roots[0]} overlap: a move would loop or destroy"
+                "destination", f"{dst_root} and {src_root} overlap: a move would loop or destroy"
             )
         names = data.get("names") or []
         if not isinstance(names, list):
@@ -352,9 +347,9 @@ class MoveFiles(Operation):
         src, dst = storage_named(source), storage_named(destination)
         check_reachable(source, src)
         check_reachable(destination, dst)
-        roots = [local_root(src), local_root(dst)]
-        if None not in roots and roots_overlap(*roots):
-            raise NonRetryable(f"{roots[1]} and {roots[0]} overlap: refusing to move")
+        src_root, dst_root = local_root(src), local_root(dst)
+        if src_root and dst_root and roots_overlap(src_root, dst_root):
+            raise NonRetryable(f"{dst_root} and {src_root} overlap: refusing to move")
         return src, dst
 
     def prepare(self, ctx: JobContext) -> None:
@@ -493,11 +488,17 @@ class MoveFiles(Operation):
         """
         src_path = _local_path(src, name)
         before = _stamp(src_path) if src_path else None
-        expected = digest(src, name) if before is None else None
+        expected: tuple[int, str] | None = None
+        if before is not None:
+            size = before[0]
+        else:
+            expected = digest(src, name)
+            size = expected[0]
         with src.open(name, "rb") as handle:
-            reader = _HashingReader(handle, expected[0] if expected else before[0])
+            reader = _HashingReader(handle, size)
             try:
-                saved = dst.save(tmp, File(reader, name=name))
+                # A file-like object as Storage.save takes one: read, seek, tell.
+                saved = dst.save(tmp, File(reader, name=name))  # type: ignore[arg-type]
             except BaseException:
                 _discard(dst, tmp)  # a partial copy of ours: never leave it behind
                 raise
@@ -511,7 +512,7 @@ class MoveFiles(Operation):
         if expected is not None:
             unchanged = read == expected
         else:
-            unchanged = _stamp(src_path) == before and read[0] == before[0]
+            unchanged = src_path is not None and _stamp(src_path) == before and read[0] == size
         if not unchanged:
             _discard(dst, tmp)
             raise VerificationFailed(

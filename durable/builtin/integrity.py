@@ -43,11 +43,14 @@ from django import forms
 from django.conf import settings
 from django.core.files.storage import FileSystemStorage, Storage, storages
 from django.db import DatabaseError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.utils import CursorWrapper
 from django.db.models import Q
 from django.utils import timezone
 
 from ..errors import InputRejected, NonRetryable, RetryLater, Unavailable
 from ..models import Job
+from ..models.builtin import Announcement, IntegrityScope, InventoryEntry
 from ..operations import JobContext, Operation, Unit, register
 from . import inputs
 from .announce import announce
@@ -66,7 +69,6 @@ from .inventory import (
     storable,
     take_batch,
 )
-from .models import Announcement, IntegrityScope, InventoryEntry
 
 DEFAULT_BATCH_FILES = 200
 MAX_BATCH_FILES = 10_000
@@ -85,7 +87,10 @@ class ScanForm(forms.Form):
         initial="default",
         required=False,
     )
-    prefix = forms.CharField(required=False, help_text="Only files under this path.")
+    # The metaclass moves fields into declared_fields: this never shadows BaseForm.prefix.
+    prefix = forms.CharField(  # type: ignore[assignment]
+        required=False, help_text="Only files under this path."
+    )
     database = forms.ChoiceField(choices=inputs.database_choices, initial="default", required=False)
     batch_files = forms.IntegerField(
         min_value=1, max_value=MAX_BATCH_FILES, initial=DEFAULT_BATCH_FILES, required=False
@@ -200,7 +205,7 @@ class IntegrityScan(Operation):
     def _blocks(self, ctx: JobContext, table: str) -> int | None:
         """A PostgreSQL table's heap pages now (None: checked in one unit, as on SQLite)."""
         connection = connections[ctx.input["database"]]
-        if connection.vendor != "postgresql" or connection.pg_version < 140000:
+        if connection.vendor != "postgresql" or connection.get_database_version() < (14,):
             return None  # TID range scans (bounded reads by page) need PostgreSQL 14
         with connection.cursor() as cursor:
             cursor.execute(
@@ -515,7 +520,7 @@ class IntegrityScan(Operation):
         return tallies
 
 
-def _sqlite_check(connection: Any, table: str) -> tuple[str, list[str]]:
+def _sqlite_check(connection: BaseDatabaseWrapper, table: str) -> tuple[str, list[str]]:
     quoted = connection.ops.quote_name(table)
     with connection.cursor() as cursor:
         cursor.execute(f"PRAGMA quick_check({quoted})")
@@ -523,12 +528,14 @@ def _sqlite_check(connection: Any, table: str) -> tuple[str, list[str]]:
     return "PRAGMA quick_check", [] if rows == ["ok"] else rows
 
 
-def _has_amcheck(cursor: Any) -> bool:
+def _has_amcheck(cursor: CursorWrapper) -> bool:
     cursor.execute("SELECT 1 FROM pg_extension WHERE extname = 'amcheck'")
     return cursor.fetchone() is not None
 
 
-def _postgres_pages(connection: Any, table: str, start: int, end: int) -> tuple[str, list[str]]:
+def _postgres_pages(
+    connection: BaseDatabaseWrapper, table: str, start: int, end: int
+) -> tuple[str, list[str]]:
     """Heap pages ``start`` to ``end - 1`` of a table: amcheck, or every row on them read."""
     quoted = connection.ops.quote_name(table)
     with connection.cursor() as cursor:
@@ -556,7 +563,7 @@ def _postgres_pages(connection: Any, table: str, start: int, end: int) -> tuple[
         return "full read", []
 
 
-def _postgres_indexes(connection: Any, table: str) -> tuple[str, list[str]]:
+def _postgres_indexes(connection: BaseDatabaseWrapper, table: str) -> tuple[str, list[str]]:
     """The table's b-tree indexes, each whole (amcheck only; nothing to do without it)."""
     quoted = connection.ops.quote_name(table)
     with connection.cursor() as cursor:
@@ -570,7 +577,7 @@ def _postgres_indexes(connection: Any, table: str) -> tuple[str, list[str]]:
             return "full read", []  # may not run amcheck: the pages were read instead
 
 
-def _postgres_check(connection: Any, table: str) -> tuple[str, list[str]]:
+def _postgres_check(connection: BaseDatabaseWrapper, table: str) -> tuple[str, list[str]]:
     quoted = connection.ops.quote_name(table)
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1 FROM pg_extension WHERE extname = 'amcheck'")
@@ -587,7 +594,7 @@ def _postgres_check(connection: Any, table: str) -> tuple[str, list[str]]:
         return "full read", []
 
 
-def _amcheck(connection: Any, cursor: Any, quoted: str) -> list[str]:
+def _amcheck(connection: BaseDatabaseWrapper, cursor: CursorWrapper, quoted: str) -> list[str]:
     problems = []
     with transaction.atomic(using=connection.alias):
         cursor.execute(
@@ -598,7 +605,9 @@ def _amcheck(connection: Any, cursor: Any, quoted: str) -> list[str]:
     return problems + _index_problems(connection, cursor, quoted)
 
 
-def _index_problems(connection: Any, cursor: Any, quoted: str) -> list[str]:
+def _index_problems(
+    connection: BaseDatabaseWrapper, cursor: CursorWrapper, quoted: str
+) -> list[str]:
     problems = []
     cursor.execute(
         "SELECT i.indexrelid::regclass::text FROM pg_index i "

@@ -119,7 +119,7 @@ def shape_problems(manifest: Any) -> list[str]:
     if not isinstance(tables, list):
         return ["manifest.json has no table list"]
     problems = []
-    seen: set[str] = set()
+    seen: set[object] = set()
     for table in tables:
         if not isinstance(table, dict) or not isinstance(table.get("parts"), list):
             problems.append("manifest.json has a malformed table entry")

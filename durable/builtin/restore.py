@@ -68,6 +68,7 @@ from django.db import IntegrityError, models
 from .. import signals
 from ..errors import InputRejected, NonRetryable
 from ..models import Job, UnitResult
+from ..models.builtin import Announcement
 from ..operations import Access, JobContext, Operation, Unit, register
 from ..states import JobState
 from . import backupdir, inputs
@@ -75,7 +76,6 @@ from .announce import announce
 from .derived import derived_labels, is_journal, rebuilds_after
 from .fence import fenced
 from .manifest import MANIFEST, SUMS, is_excluded, reorder, restore_problems
-from .models import Announcement
 from .tables import (
     PlanError,
     TableDigest,
@@ -293,7 +293,7 @@ class RestoreDatabase(Operation):
             try:
                 with fenced(ctx):  # a worker that lost the job must not delete others' work
                     deleted = delete_all([site[label] for label in order], alias)
-                    ends = self._journal_ends(ctx, manifest, site)
+                    ends = self._cleared_ats(ctx, manifest, site)
                     for label, end in ends.items():
                         advance_sequence(site[label], alias, end)
             except IntegrityError as exc:
@@ -328,11 +328,11 @@ class RestoreDatabase(Operation):
         if step == "check":
             payload = unit.payload
             after, upto = payload["after"], payload["upto"]
-            end = self._recorded_ends(ctx).get(payload["table"])
-            if end is not None:  # a journal: rows appended after the clear are not the backup's
-                if after is not None and after >= end:
+            last = self._recorded_ends(ctx).get(payload["table"])
+            if last is not None:  # a journal: rows appended after the clear are not the backup's
+                if after is not None and after >= last:
                     return TableDigest().as_dict()
-                upto = min(upto, end)
+                upto = min(upto, last)
             return digest_batch(site[payload["table"]], alias, after, upto).as_dict()
         if step == "finish":
             return self._finish(ctx, manifest, [site[label] for label in order])
@@ -353,7 +353,7 @@ class RestoreDatabase(Operation):
             f"refused to restore {ctx.input['name']!r}: {reason}; nothing was changed"
         )
 
-    def _journal_ends(
+    def _cleared_ats(
         self, ctx: JobContext, manifest: dict[str, Any], site: dict[str, TableSpec]
     ) -> dict[str, int]:
         """The backup's highest key of each restored journal with integer keys (0: empty)."""

@@ -6,32 +6,35 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
-from ..api.models import IdempotencyKey
 from ..errors import InputRejected
-from ..models import Job, WorkerProcess
+from ..models import (
+    Delivery,
+    DeliveryState,
+    IdempotencyKey,
+    Job,
+    MailDelivery,
+    MailState,
+    Occurrence,
+    OutboundEvent,
+    WorkerProcess,
+)
 from ..operations import Access, JobContext, Operation, Unit, register
 from ..policy import parse_duration
-from ..schedules.models import Occurrence
+from ..states import UNFINISHED_STATES
 
 PURGE_BATCH = 200
 
 
-def purgeable_outbound(cutoff: datetime) -> Any:
+def purgeable_outbound(cutoff: datetime) -> QuerySet[OutboundEvent]:
     """Published events older than ``cutoff`` whose every delivery is settled.
 
     A delivery still pending (or a mail still "sending"), or whose job is
     unfinished — an exhausted delivery's job may be paused, and resuming it
     needs its record — keeps its event and all its deliveries.
     """
-    from django.db.models import Exists, OuterRef, Q
-
-    from ..mail.models import MailDelivery, MailState
-    from ..states import UNFINISHED_STATES
-    from ..webhooks.models import Delivery, DeliveryState, OutboundEvent
-
     live_job = Job.objects.filter(pk=OuterRef("job_id"), state__in=UNFINISHED_STATES)
     hooks = Delivery.objects.filter(event=OuterRef("pk")).filter(
         Q(state=DeliveryState.PENDING) | Q(Exists(live_job))
@@ -79,7 +82,7 @@ class PurgeJobs(Operation):
 
     def _cutoff(self, ctx: JobContext) -> datetime:
         if ctx.checkpoint and ctx.checkpoint.get("cutoff"):
-            return parse_datetime(ctx.checkpoint["cutoff"])
+            return datetime.fromisoformat(ctx.checkpoint["cutoff"])  # written by isoformat()
         return timezone.now() - parse_duration(ctx.input["older_than"])
 
     def total_units(self, ctx: JobContext) -> int | None:
@@ -175,7 +178,7 @@ class PurgeJobs(Operation):
         )
 
     def run_unit(self, ctx: JobContext, unit: Unit) -> dict[str, int]:
-        cutoff = parse_datetime(unit.payload["cutoff"])
+        cutoff = datetime.fromisoformat(unit.payload["cutoff"])
         if unit.key == "schedule-occurrences":
             deleted, _ = Occurrence.objects.filter(created_at__lt=cutoff).delete()
             return {"occurrences": deleted}
@@ -210,9 +213,6 @@ class PurgeJobs(Operation):
         }
 
     def _purge_outbound(self, cutoff: datetime, ids: list[int]) -> dict[str, int]:
-        from ..mail.models import MailDelivery
-        from ..webhooks.models import Delivery, OutboundEvent
-
         # Checked again here: a redelivery may have started since the unit was planned.
         events = list(purgeable_outbound(cutoff).filter(pk__in=ids).values_list("pk", flat=True))
         hooks, _ = Delivery.objects.filter(event_id__in=events).delete()

@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 from django.apps import apps
 from django.core.management.color import no_style
@@ -289,10 +289,17 @@ class TableSpec:
 
     def foreign_keys(self) -> dict[str, tuple[str, bool]]:
         return {
-            f.attname: (f.related_model._meta.concrete_model._meta.label_lower, f.null)
+            f.attname: (_target_label(f), f.null)
             for f in self.fields
             if f.is_relation and (f.many_to_one or f.one_to_one)
         }
+
+
+def _target_label(field: models.Field) -> str:
+    """The concrete model a relation points at. Its lazy names ("app.Model", "self")
+    are resolved once the app registry is ready, as it is whenever tables are read."""
+    model = cast("type[models.Model]", field.related_model)
+    return cast("type[models.Model]", model._meta.concrete_model)._meta.label_lower
 
 
 def spec_for(model: type[models.Model]) -> TableSpec:
@@ -519,8 +526,9 @@ def upsert(
     with transaction.atomic(using=alias):
         for start in range(0, len(objs), size):
             # QuerySet._insert is Django's own path for Model.save() and
-            # bulk_create(); it is the one way to upsert with raw=True.
-            manager.using(alias)._insert(
+            # bulk_create(); it is the one way to upsert with raw=True (private:
+            # the stubs do not declare it).
+            manager.using(alias)._insert(  # type: ignore[attr-defined]
                 objs[start : start + size],
                 fields=list(spec.fields),
                 using=alias,

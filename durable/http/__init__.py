@@ -9,8 +9,9 @@ gates shared by all workers, an SSRF guard, and retry verdicts the engine
 persists (``RetryLater`` with the time to try again). See docs/how-to/outbound-http.md,
 "Outbound HTTP".
 
-Attributes are loaded lazily: ``durable.models`` imports ``durable.http.models``
-while the app registry is still loading, before the client may be imported.
+The client's names are loaded on first use, so importing one of this package's
+pure modules (``policy``, ``addresses``, ``errors``) — as the mail policy does —
+does not load the client and everything it imports.
 """
 
 from __future__ import annotations

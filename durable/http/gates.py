@@ -40,10 +40,10 @@ from django.db.models import F
 from django.utils import timezone
 
 from ..models import database_now
+from ..models.http import GateSlot, ProviderGate
 from . import network
 from .config import ProviderConfig
 from .errors import GateClosed
-from .models import GateSlot, ProviderGate
 
 log = logging.getLogger("durable.http")
 

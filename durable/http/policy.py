@@ -28,10 +28,12 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+import httpx
 from django.utils.http import parse_http_date
 
 from ..policy import MIN_SECRET_CHARS, backoff_delay, redact, truncate_utf8
 from ..sanitize import looks_like_credential_key
+from .errors import DnsLookupFailed, HttpError, ResponseTooLarge, SsrfRefused
 
 # --- classification ----------------------------------------------------------------
 
@@ -118,10 +120,6 @@ def classify_exception(exc: BaseException) -> Classification:
     SSRF refusal, a response over the size limit, and malformed URLs or
     protocol errors on our side.
     """
-    import httpx
-
-    from .errors import DnsLookupFailed, HttpError, ResponseTooLarge, SsrfRefused
-
     if isinstance(exc, SsrfRefused):
         return Classification(Verdict.FAIL, "refused: address not allowed (SSRF guard)")
     if isinstance(exc, ResponseTooLarge):
@@ -169,10 +167,6 @@ def may_have_reached_server(exc: BaseException) -> bool:
     Otherwise (a reset, a timeout or a closed connection after writing started)
     nobody can tell, so yes.
     """
-    import httpx
-
-    from .errors import DnsLookupFailed, HttpError
-
     if isinstance(exc, HttpError):
         return exc.possibly_sent
     chain = cause_chain(exc)

@@ -27,9 +27,9 @@ from django.utils import timezone
 
 from .. import faults, notify
 from ..errors import InputRejected, NonRetryable, Unavailable
+from ..models.mail import MailDelivery, MailState
 from ..operations import Access, JobContext, Operation, Unit, register
 from ..states import JobState
-from .models import MailDelivery, MailState
 from .policy import MailVerdict, NothingSent, classify_smtp_error, compose
 
 

@@ -7,13 +7,19 @@ restart or a second web process changes nothing. Nothing is counted in process m
 Other apps add their own families without this package importing them: they call
 ``register_collector`` from their ``AppConfig.ready`` (recovery does, for its events).
 See the how-to "Monitor it" in the docs for the families and alert rules.
+
+Layout: this module holds only that registry, so registering imports nothing;
+``totals`` keeps the settled running totals, ``collector`` reads the engine's
+tables at scrape time (``build_registry``), ``views`` serves ``GET /metrics``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from prometheus_client.registry import Collector, CollectorRegistry
+if TYPE_CHECKING:  # registering imports nothing: prometheus_client loads with the collector
+    from prometheus_client.registry import Collector
 
 _extra: dict[str, Callable[[], Collector]] = {}
 
@@ -23,16 +29,6 @@ def register_collector(name: str, factory: Callable[[], Collector]) -> None:
     _extra.setdefault(name, factory)
 
 
-def build_registry() -> CollectorRegistry:
-    """A fresh registry per scrape: the engine's collector and every registered one.
-
-    Own registry, not prometheus_client's global one: no process metrics of whichever
-    web process answered, only what the database says.
-    """
-    from .collector import DurableCollector
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(DurableCollector())
-    for factory in _extra.values():
-        registry.register(factory())
-    return registry
+def registered_collectors() -> list[Callable[[], Collector]]:
+    """The factories other apps registered, in registration order."""
+    return list(_extra.values())

@@ -18,9 +18,11 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import CollectorRegistry
 
-from ..models import Job, WorkerProcess, database_now
+from ..models import GateSlot, Job, ProviderGate, WorkerProcess, database_now
 from ..policy import worker_alive
+from . import registered_collectors
 from .totals import (
     OTHER_PROVIDER,
     RUN_BUCKETS,
@@ -215,8 +217,6 @@ class DurableCollector:
         yield per_queue
 
     def _gates(self, now: datetime) -> Iterator[Metric]:
-        from ..http.models import GateSlot, ProviderGate
-
         family = GaugeMetricFamily(
             "durable_http_gate_slots_in_use",
             "Outbound HTTP concurrency-gate slots held now, per provider.",
@@ -258,3 +258,16 @@ class DurableCollector:
             seconds.add_metric([name], waited)
         yield waits
         yield seconds
+
+
+def build_registry() -> CollectorRegistry:
+    """A fresh registry per scrape: the engine's collector and every registered one.
+
+    Own registry, not prometheus_client's global one: no process metrics of whichever
+    web process answered, only what the database says.
+    """
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DurableCollector())
+    for factory in registered_collectors():
+        registry.register(factory())
+    return registry

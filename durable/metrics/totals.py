@@ -20,8 +20,8 @@ from django.db import DatabaseError, connection, transaction
 from django.db.models import F
 
 from ..models import Job, JobEvent
+from ..models.metrics import FinishedTotal, HttpRetryTotal, MetricsCursor, ReclaimTotal
 from ..states import JobState
-from .models import FinishedTotal, HttpRetryTotal, MetricsCursor, ReclaimTotal
 
 log = logging.getLogger("durable.metrics")
 

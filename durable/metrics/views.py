@@ -13,9 +13,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from ..api.auth import authenticate
 from ..api.errors import Refusal
-from ..api.models import METRICS_SCOPE
 from ..api.views import refused
-from . import build_registry
+from ..models.api import METRICS_SCOPE
+from .collector import build_registry
 
 
 def staff_session(request: HttpRequest) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.http import HttpRequest
 
-from .models import Occurrence, Schedule
+from ..models.schedules import Occurrence, Schedule
 from .service import describe_rule
 
 

@@ -30,10 +30,11 @@ from .. import faults, signals
 from ..errors import DurableError, InputRejected
 from ..jobs import clean_job_input, enqueue
 from ..models import Job, database_now
+from ..models.schedules import Occurrence, Schedule
 from ..operations import get_operation, max_input_bytes, registered
 from ..policy import truncate_utf8
+from ..rules import priority_from, queue_name_problem
 from ..sanitize import clean_input
-from .models import Occurrence, Schedule
 from .timing import (
     ON_TIME_GRACE,
     CatchUp,
@@ -169,6 +170,7 @@ def _check_input(operation: str, data: Any) -> dict[str, Any]:
 def _timing(
     cron: str | None, every: timedelta | None, zone: str
 ) -> tuple[str, timedelta | None, str]:
+    """The rule as stored: (cron, interval, zone); exactly one of cron and interval."""
     if bool(cron) == (every is not None):
         raise InputRejected("cron", "give a cron expression or an interval (exactly one)")
     if zone:
@@ -176,9 +178,9 @@ def _timing(
             time_zone(zone)
         except ValueError as exc:
             raise InputRejected("time_zone", str(exc)) from None
-    if cron:
+    if every is None:
         try:
-            return normalise_cron(cron), None, zone
+            return normalise_cron(cron or ""), None, zone
         except ValueError as exc:
             raise InputRejected("cron", str(exc)) from None
     try:
@@ -209,10 +211,14 @@ def _fields(
         policy = CatchUp(catch_up)
     except ValueError:
         raise InputRejected("catch_up", "latest or skip") from None
-    if priority is not None and not -100 <= int(priority) <= 100:
-        raise InputRejected("priority", "must be between -100 and 100")
-    if len(queue or "") > 64:
-        raise InputRejected("queue", "at most 64 characters")
+    try:
+        priority = None if priority is None else priority_from(priority)
+    except ValueError as exc:
+        raise InputRejected("priority", str(exc)) from None
+    if queue:
+        problem = queue_name_problem(queue)
+        if problem is not None:
+            raise InputRejected("queue", f"{problem}, or empty for the operation's queue")
     return {
         "name": name,
         "operation": operation,
@@ -223,7 +229,7 @@ def _fields(
         "catch_up": policy.value,
         "overlap": bool(overlap),
         "queue": queue or "",
-        "priority": None if priority is None else int(priority),
+        "priority": priority,
     }
 
 

@@ -15,19 +15,23 @@ from typing import Any
 from django.apps import apps
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 from .. import jobs
 from ..models import Job, JobEvent, UnitResult
+from ..rules import queue_name_problem
 from ..states import FINISHED_STATES, JobState
 from . import policy
 from .compat import (
     BaseTaskBackend,
     InvalidTaskError,
+    Task,
     TaskError,
     TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
     normalize_json,
+    task_backends,
     task_enqueued,
 )
 from .policy import RETURN_KEY, TASK_OPERATION
@@ -60,10 +64,9 @@ class DurableBackend(BaseTaskBackend):
 
     def validate_task(self, task: Any) -> None:
         super().validate_task(task)
-        if len(task.queue_name) > policy.MAX_QUEUE_NAME:
-            raise InvalidTaskError(
-                f"Queue name {task.queue_name[:40]!r}… is longer than {policy.MAX_QUEUE_NAME}."
-            )
+        problem = queue_name_problem(task.queue_name)
+        if problem is not None:
+            raise InvalidTaskError(f"Queue name {task.queue_name[:40]!r} {problem}.")
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> TaskResult:
         """Validate by the framework's rules, then persist one job and its ``enqueued`` event.
@@ -143,8 +146,6 @@ class DurableBackend(BaseTaskBackend):
     def result_of(
         self, job: Job, *, task: Any = None, events: list[tuple] | None = None
     ) -> TaskResult:
-        from .operation import import_task
-
         data = job.input
         if task is None:
             try:
@@ -217,9 +218,25 @@ class DurableBackend(BaseTaskBackend):
                 id="durable.E202",
             )
         for queue in sorted(self.queues):
-            if not queue or len(queue) > policy.MAX_QUEUE_NAME:
-                yield checks.Error(
-                    f"{where}['QUEUES']: {queue[:40]!r} is not 1 to "
-                    f"{policy.MAX_QUEUE_NAME} characters long.",
-                    id="durable.E203",
-                )
+            problem = queue_name_problem(queue)
+            if problem is not None:
+                message = f"{where}['QUEUES']: {queue[:40]!r} {problem}."
+                yield checks.Error(message, id="durable.E203")
+
+
+def import_task(path: str) -> Any:
+    """The ``Task`` at ``path``; ImportError if it cannot be imported, TypeError if not a task."""
+    found = import_string(path)
+    if not isinstance(found, Task):
+        raise TypeError(
+            f"{path!r} is {type(found).__name__}, not a task (a function decorated with @task)"
+        )
+    return found
+
+
+def backend_for(alias: str) -> DurableBackend:
+    """The ``DurableBackend`` named ``alias`` in this process's ``TASKS``."""
+    backend = task_backends[alias]
+    if not isinstance(backend, DurableBackend):
+        raise TypeError(f"TASKS[{alias!r}] is {type(backend).__name__}, not a DurableBackend")
+    return backend

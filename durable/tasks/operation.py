@@ -20,7 +20,6 @@ from typing import Any
 
 from django.dispatch import receiver
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
 from .. import signals
 from ..errors import InputRejected, LeaseLost, NonRetryable, RetryLater, Stopping, Unavailable
@@ -30,7 +29,10 @@ from ..operations import Access, JobContext, Operation, Unit, register
 from ..policy import backoff_delay
 from ..states import JobState
 from . import policy
+from .backend import backend_for, import_task
+from .compat import TaskContext, TaskResultStatus, normalize_json, task_finished, task_started
 from .policy import RETURN_KEY, STEP_PREFIX, TASK_OPERATION
+from .steps import TaskRun, _current
 
 log = logging.getLogger("durable.tasks")
 
@@ -89,29 +91,6 @@ def clean_task_input(data: dict[str, Any]) -> dict[str, Any]:
     return cleaned
 
 
-def import_task(path: str) -> Any:
-    """The ``Task`` at ``path``; ImportError if it cannot be imported, TypeError if not a task."""
-    from .compat import Task
-
-    found = import_string(path)
-    if not isinstance(found, Task):
-        raise TypeError(
-            f"{path!r} is {type(found).__name__}, not a task (a function decorated with @task)"
-        )
-    return found
-
-
-def backend_for(alias: str) -> Any:
-    """The ``DurableBackend`` named ``alias`` in this process's ``TASKS``."""
-    from .backend import DurableBackend
-    from .compat import task_backends
-
-    backend = task_backends[alias]
-    if not isinstance(backend, DurableBackend):
-        raise TypeError(f"TASKS[{alias!r}] is {type(backend).__name__}, not a DurableBackend")
-    return backend
-
-
 @register
 class TaskOperation(Operation):
     name = TASK_OPERATION
@@ -130,9 +109,6 @@ class TaskOperation(Operation):
         yield Unit(key=RETURN_KEY, checkpoint={})
 
     def run_unit(self, ctx: JobContext, unit: Unit) -> Any:
-        from .compat import TaskContext, normalize_json, task_started
-        from .steps import TaskRun, _current
-
         path, alias = ctx.input["task"], ctx.input.get("backend", "default")
         backend, task = self._resolve(ctx, path, alias)
         options = policy.options_for(task.func, backend.task_options)
@@ -226,8 +202,6 @@ def _announce_finished(sender: Any, *, job_id: int, operation: str, **kwargs: An
         JobState.CANCELLED,
     ):
         return
-    from .compat import TaskResultStatus, task_finished
-
     cached, _last.finished = getattr(_last, "finished", None), None
     if cached is not None and cached[0] == job_id and kwargs["new_state"] == JobState.COMPLETED:
         # Completed by this thread just after the task returned: its running result

@@ -20,7 +20,6 @@ TASK_OPERATION = "django.task"
 RETURN_KEY = "task:return"
 STEP_PREFIX = "step:"
 MAX_STEP_NAME = 200  # a unit key is at most 255 characters
-MAX_QUEUE_NAME = 64  # Job.queue
 CANCELLED_ERROR = "durable.tasks.TaskCancelled"
 
 # The framework's statuses (TaskResultStatus values) for each job state.

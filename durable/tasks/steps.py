@@ -29,6 +29,7 @@ from ..errors import NonRetryable, Stopping
 from ..lease import Lease
 from ..operations import JobContext
 from ..states import JobState
+from .compat import normalize_json
 from .policy import step_key
 
 log = logging.getLogger("durable.tasks")
@@ -65,8 +66,6 @@ class TaskRun:
 
     def finish(self, name: str, value: Any) -> Any:
         """Commit the step's result with the checkpoint; returns it as stored (JSON)."""
-        from .compat import normalize_json
-
         try:
             value = normalize_json(value)
         except (TypeError, ValueError) as exc:

@@ -26,10 +26,10 @@ from django.utils import timezone
 from .. import faults, http, notify
 from ..errors import InputRejected, NonRetryable
 from ..http.errors import HttpError, HttpRetryLater
+from ..models.webhooks import Delivery, DeliveryState
 from ..operations import Access, JobContext, Operation, Unit, register
 from ..states import JobState
 from . import policy
-from .models import Delivery, DeliveryState
 
 
 def _delivery(ctx: JobContext) -> Delivery:

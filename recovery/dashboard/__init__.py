@@ -4,7 +4,7 @@ Pure decisions (query strings, search patterns, paging, formatting, the chart,
 the client address) live in their own modules without ORM or clock reads and
 are table-tested in ``tests/unit``; the views only read the database and render.
 
-Imports go one way, top to bottom (``tests/unit/test_recovery_imports.py``):
+Imports go one way, top to bottom (``tests/unit/test_architecture.py``):
 
 - views, one module per page or group of pages, routed by ``urls``: ``views``
   (Summary, Recovery, Security, login), ``jobs``, ``job_actions``,

@@ -197,7 +197,11 @@ def queue_change(request: HttpRequest, change: str) -> HttpResponse:
     actor = audit.actor(request)
     if change == "pause":
         reason = clean_query(request.POST.get("reason"), 500)
-        changed = pause_queue(name, actor=actor, reason=reason)
+        try:
+            changed = pause_queue(name, actor=actor, reason=reason)
+        except ValueError as exc:  # a name no job can have: nothing to pause
+            messages.error(request, f"Not paused: {exc}.")
+            return redirect(back)
         text = (
             f"Queue {name} paused: workers take no new job from it; running jobs go on."
             if changed

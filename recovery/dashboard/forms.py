@@ -16,9 +16,9 @@ from django import forms
 from django.core.serializers.json import DjangoJSONEncoder
 
 from durable.errors import InputRejected
+from durable.models.schedules import Schedule
 from durable.operations import Operation
 from durable.rules import PRIORITY_MAX, PRIORITY_MIN
-from durable.schedules.models import Schedule
 from durable.schedules.timing import CatchUp, parse_interval
 from durable.states import OnRestart
 from recovery.models import Severity

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from durable.rules import QUEUE_NAME_MAX
+
 
 class DailyCount(models.Model):
     day = models.DateField()
@@ -75,7 +77,7 @@ class ThroughputCount(models.Model):
     """Jobs completed, failed and retried in one closed hour, per queue and operation."""
 
     hour = models.DateTimeField()
-    queue = models.CharField(max_length=64)
+    queue = models.CharField(max_length=QUEUE_NAME_MAX)
     operation = models.CharField(max_length=100)
     kind = models.CharField(max_length=12)  # completed | failed | retried
     count = models.PositiveIntegerField()

@@ -22,8 +22,8 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST, require_safe
 
 from durable.errors import InputRejected, UnknownOperation
+from durable.models.schedules import Occurrence, Schedule
 from durable.operations import registered
-from durable.schedules.models import Occurrence, Schedule
 from durable.schedules.service import add_schedule, describe_rule, remove_schedule, set_enabled
 
 from . import audit

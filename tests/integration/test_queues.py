@@ -9,6 +9,7 @@ import pytest
 from django.db import connection
 
 from durable import jobs, lease, rescue
+from durable.errors import InputRejected
 from durable.models import Job, PausedQueue, WorkerProcess
 from durable.queues import pause_queue, paused_queues, resume_queue
 from tests.conftest import wait_until
@@ -45,11 +46,28 @@ def test_pick_sql__one_extra_condition_not_an_extra_query():
     assert sql.count("SELECT") == 2  # the pick and its paused-queue condition
 
 
-def test_pause_queue__refuses_a_name_no_job_can_have():
-    with pytest.raises(ValueError, match="1 to 64"):
-        pause_queue("")
-    with pytest.raises(ValueError, match="1 to 64"):
-        pause_queue("q" * 65)
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "q" * 65,  # wider than Job.queue
+        "a b",  # the API refuses it: no job can be in it
+        "-leading",
+        "ünïcode",
+    ],
+)
+def test_pause_queue__refuses_a_name_no_job_can_have(name):
+    with pytest.raises(ValueError, match="1 to 64 letters, digits"):
+        pause_queue(name)
+    assert not PausedQueue.objects.exists()
+
+
+@pytest.mark.parametrize("name", ["q" * 65, "a b", "-leading", "ünïcode"])
+def test_enqueue__refuses_the_queue_names_pausing_refuses(name):
+    with pytest.raises(InputRejected, match="1 to 64 letters, digits") as refused:
+        jobs.enqueue("test.rows", {}, queue=name)
+    assert refused.value.field == "queue"
+    assert not Job.objects.exists()
 
 
 def test_exit_reason__clean_stop_and_lost_worker_and_exit_70_is_kept():

@@ -82,6 +82,9 @@ def test_add__the_first_occurrence_is_the_first_one_after_now():
         ({"cron": "0 3 * * *", "time_zone": "Mars/Base"}, "time_zone"),
         ({"every": HOUR, "catch_up": "all"}, "catch_up"),
         ({"every": HOUR, "priority": 101}, "priority"),
+        ({"every": HOUR, "priority": "high"}, "priority"),  # a clear refusal, not a crash
+        ({"every": HOUR, "queue": "a b"}, "queue"),  # a queue no job can have (durable.rules)
+        ({"every": HOUR, "queue": "q" * 65}, "queue"),
         ({"every": HOUR, "input": {"units": "many"}}, "units"),  # the operation's own check
         ({"every": HOUR, "input": {"api_token": "x"}}, "api_token"),  # never a secret
         ({"every": HOUR, "input": ["not", "an", "object"]}, "input"),

@@ -327,6 +327,21 @@ def test_queues__an_unknown_queue_is_refused():
         tasks.add.using(queue_name="nope")
 
 
+@pytest.mark.parametrize("name", ["a b", "-leading", "q" * 65])
+def test_queues__a_name_no_job_can_have_is_refused_even_where_any_queue_is_allowed(name):
+    with pytest.raises(InvalidTaskError, match="letters, digits"):
+        tasks.add.using(backend="patient", queue_name=name)  # "patient" lists no QUEUES
+    assert not Job.objects.exists()
+
+
+def test_checks__a_queue_name_no_job_can_have_is_a_system_check_error():
+    bad = {"default": {"BACKEND": "durable.tasks.DurableBackend", "QUEUES": ["default", "a b"]}}
+    with override_settings(TASKS=bad):
+        messages = list(task_backends["default"].check())
+    assert [m.id for m in messages] == ["durable.E203"]
+    assert "'a b' must be 1 to 64 letters" in messages[0].msg
+
+
 def test_queues__using_another_backend_alias_applies_its_options():
     result = tasks.add.using(backend="patient", queue_name="anything").enqueue(1, 2)
     job = Job.objects.get(pk=int(result.id))

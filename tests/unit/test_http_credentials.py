@@ -2,7 +2,7 @@
 
 import pytest
 
-from durable.credentials import MAX_SECRET_BYTES, secret_problem
+from durable.policy import MAX_SECRET_BYTES, secret_problem
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,28 @@ def test_priority_problem__accepts_exactly_the_integers_of_the_range(value, ok):
 
 
 @pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (5, 5),
+        ("5", 5),  # enqueue() has always read its argument with int()
+        (5.0, 5),
+        (-100, -100),
+        (100, 100),
+        (101, None),  # out of range, however it was written
+        ("-101", None),
+        ("high", None),  # not a number at all
+        (None, None),
+    ],
+)
+def test_priority_from__reads_what_code_passes_then_holds_it_to_the_range(value, expected):
+    if expected is None:
+        with pytest.raises(ValueError, match=r"from -100 to 100"):
+            rules.priority_from(value)
+    else:
+        assert rules.priority_from(value) == expected
+
+
+@pytest.mark.parametrize(
     ("name", "ok"),
     [
         ("default", True),

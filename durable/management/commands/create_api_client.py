@@ -12,13 +12,14 @@ new token (the old one stops working at once) and lifts a revocation.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.utils import timezone
 
-from durable.api.models import SCOPE_HELP, SCOPES, Client
 from durable.api.tokens import new_token
+from durable.models.api import SCOPE_HELP, SCOPES, Client
 
 
 class Command(BaseCommand):
@@ -40,11 +41,11 @@ class Command(BaseCommand):
             help="replace the token of an existing client (keeps its scopes unless given)",
         )
 
-    def handle(self, *args: object, **options: object) -> None:
+    def handle(self, *args: Any, **options: Any) -> None:
         name = str(options["name"]).strip()
         if not 0 < len(name) <= 100 or not name.isprintable():
             raise CommandError("NAME must be 1 to 100 printable characters")
-        scopes = sorted(set(options["scope"]))  # type: ignore[arg-type]
+        scopes = sorted(set(options["scope"]))
         token = new_token()
         now = timezone.now()
         with transaction.atomic():

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.core.management.base import BaseCommand, CommandError
 
-from durable.schedules.models import Schedule
+from durable.models.schedules import Schedule
 from durable.schedules.service import set_enabled
 
 
@@ -21,14 +22,15 @@ class Command(BaseCommand):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("name")
 
-    def handle(self, *args: object, **options: object) -> None:
+    def handle(self, *args: Any, **options: Any) -> None:
         try:
             schedule = set_enabled(str(options["name"]), self.enabled)
         except Schedule.DoesNotExist:
             raise CommandError(f"there is no schedule named {options['name']!r}") from None
         if schedule.enabled:
+            next_at = schedule.next_run_at  # enabling computed it
             zone = ZoneInfo(schedule.zone)
-            next_run = schedule.next_run_at.astimezone(zone).isoformat(timespec="seconds")
+            next_run = next_at.astimezone(zone).isoformat(timespec="seconds") if next_at else "-"
             self.stdout.write(f"schedule {schedule.name} enabled; next run {next_run}")
         else:
             self.stdout.write(f"schedule {schedule.name} disabled")

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, OutputWrapper
 
 from durable.errors import InputRejected, UnknownOperation
 from durable.jobs import enqueue, enqueue_many
@@ -41,7 +41,7 @@ class Command(BaseCommand):
         parser.add_argument("--owner", default="cli")
         parser.add_argument("--wait", action="store_true", help="wait until the job settles")
 
-    def handle(self, *args: object, **options: object) -> None:
+    def handle(self, *args: Any, **options: Any) -> None:
         if options["inputs"] is not None:
             if options["wait"]:
                 raise CommandError("--wait follows one job; it cannot be used with --inputs")
@@ -58,7 +58,7 @@ class Command(BaseCommand):
             if job.state != "completed":
                 raise CommandError(f"job {job.pk} ended {job.state}: {job.reason}")
 
-    def _enqueue_many(self, options: dict) -> None:
+    def _enqueue_many(self, options: dict[str, Any]) -> None:
         jobs = _refusing(enqueue_many, options, read_json_lines(options["inputs"]))
         created = [job.pk for job in jobs if job.created]
         existing = len(jobs) - len(created)
@@ -101,7 +101,7 @@ def progress_line(job: Job) -> str:
     return f"{job.units_done} units {job.state}"
 
 
-def wait_for(job_id: int, out: object, interval: float = 0.5) -> Job:
+def wait_for(job_id: int, out: OutputWrapper, interval: float = 0.5) -> Job:
     """Poll until the job is finished or paused; a progress bar on a terminal."""
     tty = sys.stdout.isatty()
     last = ""
@@ -122,7 +122,7 @@ def wait_for(job_id: int, out: object, interval: float = 0.5) -> Job:
         time.sleep(interval)
 
 
-def _refusing(enqueuer: Callable[..., Any], options: dict, data: Any) -> Any:
+def _refusing(enqueuer: Callable[..., Any], options: dict[str, Any], data: Any) -> Any:
     """``enqueue`` or ``enqueue_many`` with the command's options; a refusal is a CommandError."""
     try:
         return enqueuer(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand
 
-from durable.api.models import Client
+from durable.models.api import Client
 
 
 def _when(value: object) -> str:

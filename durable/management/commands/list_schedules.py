@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 from datetime import datetime
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.core.management.base import BaseCommand, CommandError
 
-from durable.schedules.models import Schedule
+from durable.models.schedules import Schedule
 from durable.schedules.service import describe_rule
 
 
@@ -28,7 +29,7 @@ class Command(BaseCommand):
         parser.add_argument("name", nargs="?", default=None)
         parser.add_argument("--occurrences", type=int, default=10, help="how many, with NAME")
 
-    def handle(self, *args: object, **options: object) -> None:
+    def handle(self, *args: Any, **options: Any) -> None:
         schedules = Schedule.objects.order_by("name")
         if options["name"]:
             schedules = schedules.filter(name=options["name"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -29,7 +30,7 @@ class Command(BaseCommand):
             "--enqueue", action="store_true", help="only enqueue the purge for a worker to run"
         )
 
-    def handle(self, *args: object, **options: object) -> None:
+    def handle(self, *args: Any, **options: Any) -> None:
         older_than = options["older_than"] or str(settings.DURABLE_RETENTION).strip()
         if older_than.lower() == "off":
             raise CommandError("DURABLE_RETENTION is off: say how old with --older-than (e.g. 30d)")

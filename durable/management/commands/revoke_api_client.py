@@ -7,7 +7,7 @@ import argparse
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from durable.api.models import Client
+from durable.models.api import Client
 
 
 class Command(BaseCommand):

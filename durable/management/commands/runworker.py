@@ -10,6 +10,7 @@ import sys
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from durable.operations import registered
 from durable.worker import MAX_WORKER_ID_PREFIX, Worker, default_worker_id
 
 
@@ -110,8 +111,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: object, **options: object) -> None:
-        from durable.operations import registered
-
         ops = options["operations"]
         if ops:
             unknown = sorted(set(ops) - set(registered()))

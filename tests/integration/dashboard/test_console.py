@@ -49,6 +49,16 @@ def test_queues_page__counts_flags_unserved_and_pauses_with_audit(admin):
     assert RecoveryEvent.objects.filter(type="queue-action").count() == 2
 
 
+def test_queue_pause__a_name_no_job_can_have_is_refused_clearly(admin):
+    response = admin.post(
+        reverse("problems:queue-change", args=["pause"]), {"queue": "a b"}, follow=True
+    )
+    assert response.status_code == 200
+    assert "Not paused: queue &#x27;a b&#x27; must be 1 to 64 letters" in response.content.decode()
+    assert not PausedQueue.objects.exists()
+    assert not RecoveryEvent.objects.filter(type="queue-action").exists()
+
+
 def test_queue_pause__needs_its_own_permission(client_for):
     jobs.enqueue("durable.noop", {})  # a queue row, whose button the operator must not get
     operator = client_for("operator")  # every job right, but not pause_queue

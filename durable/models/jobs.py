@@ -1,4 +1,4 @@
-"""The durable job record, its event log, unit results and the worker registry.
+"""The durable job record, its event log and its unit results.
 
 Rows here are changed only through ``durable.jobs`` (operator actions) and the
 worker (``durable.worker``); every such write is one conditional update plus its
@@ -8,48 +8,16 @@ event, in one transaction. Application code reads them through the
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from django.db import connection, models
+from django.db import models
 from django.db.models import Q
-from django.db.models.functions import Now
 from django.utils import timezone
 
-from .states import FINISHED_STATES, LEASED_STATES, UNFINISHED_STATES, JobState, OnRestart
-
-
-def db_now() -> Any:
-    """``now`` for ORM filters, on the clock that lease times are written with.
-
-    PostgreSQL's own clock (workers on several machines agree on it; a web
-    server's skew does not matter), else this process's (SQLite: one machine).
-    """
-    return Now() if connection.vendor == "postgresql" else timezone.now()
-
-
-def database_now() -> datetime:
-    """``now`` as a value, on the clock lease times are written with (see ``db_now``)."""
-    if connection.vendor != "postgresql":
-        return timezone.now()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT clock_timestamp()")
-        return cursor.fetchone()[0]
-
-
-def in_callers_transaction(conn: Any = None) -> bool:
-    """Whether ``conn`` (default: the default connection) is inside a transaction its
-    caller opened.
-
-    The atomic blocks a Django ``TestCase`` wraps around each test (marked
-    ``_from_testcase``, the mark ``atomic(durable=True)`` looks for) stand for
-    "no transaction": they are rolled back only to isolate tests, so tests see
-    what production does outside a transaction.
-    """
-    conn = conn if conn is not None else connection
-    return conn.in_atomic_block and any(
-        not getattr(block, "_from_testcase", False) for block in conn.atomic_blocks
-    )
+from ..rules import PRIORITY_MAX, PRIORITY_MIN, QUEUE_NAME_MAX, UNIQUE_KEY_MAX
+from ..states import FINISHED_STATES, LEASED_STATES, UNFINISHED_STATES, JobState, OnRestart
+from .clock import db_now
 
 
 class JobQuerySet(models.QuerySet):
@@ -100,12 +68,14 @@ class Job(models.Model):
     operation = models.CharField(max_length=100)
     owner = models.CharField(max_length=150, blank=True, default="")
     tenant = models.CharField(max_length=100, blank=True, default="")
-    queue = models.CharField(max_length=64, default="default")
-    priority = models.SmallIntegerField(default=0, help_text="Higher runs first (-100…100).")
+    queue = models.CharField(max_length=QUEUE_NAME_MAX, default="default")
+    priority = models.SmallIntegerField(
+        default=0, help_text=f"Higher runs first ({PRIORITY_MIN}…{PRIORITY_MAX})."
+    )
     input = models.JSONField(default=dict, blank=True, help_text="Sanitized: never a secret.")
     # At most one unfinished job per unique_key (e.g. "ingest:/var/x.jsonl"):
     # enqueue returns the existing one instead of adding a second.
-    unique_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    unique_key = models.CharField(max_length=UNIQUE_KEY_MAX, null=True, blank=True)  # noqa: DJ001
 
     state = models.CharField(max_length=12, choices=JobState.choices, default=JobState.QUEUED)
     on_restart = models.CharField(max_length=8, choices=OnRestart.choices, default=OnRestart.RESUME)
@@ -144,6 +114,10 @@ class Job(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     objects = JobQuerySet.as_manager()
+
+    # Not a column: set on the job ``durable.jobs.enqueue`` returns, False when an
+    # unfinished job with the same unique key was returned instead of a new one.
+    created: bool
 
     class Meta:
         # The dashboard's operator actions, grantable one by one (Django's own
@@ -196,7 +170,8 @@ class Job(models.Model):
                 condition=Q(state__in=JobState.values), name="durable_job_state_valid"
             ),
             models.CheckConstraint(
-                condition=Q(priority__gte=-100, priority__lte=100), name="durable_job_priority"
+                condition=Q(priority__gte=PRIORITY_MIN, priority__lte=PRIORITY_MAX),
+                name="durable_job_priority",
             ),
         ]
 
@@ -272,7 +247,8 @@ class UnitResult(models.Model):
         Job, on_delete=models.CASCADE, related_name="unit_results", db_index=False
     )
     key = models.CharField(max_length=255)
-    result = models.JSONField(null=True, blank=True)
+    # Whatever the unit returned (JSON, null included): open, as the operation decides.
+    result: Any = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -282,75 +258,3 @@ class UnitResult(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.job_id} {self.key}"
-
-
-class WorkerProcessQuerySet(models.QuerySet):
-    def not_stopped(self, now: datetime, within: timedelta) -> WorkerProcessQuerySet:
-        """Not known to have exited, and heard from within ``within``: liveness candidates.
-
-        Whether one is alive depends on its own ``lease_seconds``
-        (``durable.policy.worker_alive``); ``within`` only bounds the rows read.
-        """
-        return self.filter(stopped_at__isnull=True, heartbeat_at__gte=now - within)
-
-
-class WorkerProcess(models.Model):
-    """One ``runworker`` process; tells a cold start (no live peer) from a joining worker."""
-
-    worker_id = models.CharField(max_length=200, unique=True)
-    hostname = models.CharField(max_length=255)
-    pid = models.PositiveIntegerField()
-    host_key = models.CharField(max_length=100, blank=True, default="")
-    queues = models.JSONField(default=list)
-    concurrency = models.PositiveSmallIntegerField(default=1)
-    # Its heartbeat comes every third of this; liveness is judged against it.
-    # db_default: during a rolling deploy, workers of the previous release
-    # still register without it.
-    lease_seconds = models.FloatField(default=30.0, db_default=30.0)
-    started_at = models.DateTimeField(default=timezone.now)
-    heartbeat_at = models.DateTimeField(default=timezone.now)
-    stopped_at = models.DateTimeField(null=True, blank=True)
-    # How it ended, for the operators' Workers page: "" while running (or until a peer
-    # finds it gone), EXIT_CLEAN, EXIT_LOST or EXIT_UNIT_TIMEOUT (``durable.worker``'s exit 70).
-    exit_reason = models.CharField(max_length=16, blank=True, default="", db_default="")
-
-    objects = WorkerProcessQuerySet.as_manager()
-
-    EXIT_CLEAN = "clean"  # stopped itself after draining (SIGTERM, --burst, Ctrl-C)
-    EXIT_LOST = "lost"  # found gone by a peer: killed, crashed, or its machine went away
-    EXIT_UNIT_TIMEOUT = "unit-timeout"  # left with exit status 70: a unit overran its timeout
-
-    class Meta:
-        indexes = [models.Index(fields=["heartbeat_at"], name="durable_worker_heartbeat")]
-
-    def __str__(self) -> str:
-        return self.worker_id
-
-
-class PausedQueue(models.Model):
-    """A queue workers do not claim from while this row exists (``durable.queues``).
-
-    One small table read by one condition of the claim (``durable.lease.pick_sql``):
-    pausing a queue costs no query per claim, and running jobs are not touched — they
-    finish their unit and go on (a pause of the queue is not a pause of its jobs).
-    """
-
-    queue = models.CharField(max_length=64, unique=True)
-    paused_at = models.DateTimeField(default=timezone.now)
-    paused_by = models.CharField(max_length=150, blank=True, default="")
-    reason = models.CharField(max_length=500, blank=True, default="")
-
-    def __str__(self) -> str:
-        return self.queue
-
-
-# Models of the engine's sub-packages, registered with this app.
-from . import external_models  # noqa: E402,F401 - outbound HTTP, webhook, mail, credentials
-from .api.models import Client, IdempotencyKey  # noqa: E402,F401 - the HTTP API
-from .builtin.models import (  # noqa: E402,F401 - backup, restore, integrity scans
-    Announcement,
-    IntegrityScope,
-    InventoryEntry,
-)
-from .metrics.models import FinishedTotal, HttpRetryTotal, MetricsCursor  # noqa: E402,F401 - GET /metrics
-from .schedules.models import Occurrence, Schedule  # noqa: E402,F401 - scheduled rules
