@@ -161,6 +161,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 LOGIN_URL = "problems:login"  # the dashboard's own page; the admin keeps /admin/login/
+RECOVERY_LOGIN_URL = LOGIN_URL  # where the dashboard sends visitors who are not logged in
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = os.environ.get("TIME_ZONE", "UTC")
