@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,15 +54,35 @@ def own_database(suffix: str) -> str:
     return f"{settings.DATABASES['default']['TEST']['NAME']}_{suffix}"
 
 
-def first_answer(
-    client: httpx.Client, path: str, alive: Callable[[], bool], log: Path, timeout: float = 30
-) -> Any:
-    """GET ``path`` once the server started in a subprocess accepts connections."""
-    deadline = time.monotonic() + timeout
-    while True:
+@contextlib.contextmanager
+def runserver(
+    manage: list[str], cwd: Path, env: dict[str, str], log: Path, first: str, **client: Any
+) -> Iterator[tuple[httpx.Client, httpx.Response]]:
+    """``manage.py runserver`` on a free loopback port, and a client once ``first`` answers.
+
+    Yields the client and that first response; the server is stopped afterwards.
+    """
+    port = free_port()
+    with log.open("w") as output:
+        server = subprocess.Popen(
+            [*manage, "runserver", "--noreload", f"127.0.0.1:{port}"],
+            cwd=cwd,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
         try:
-            return client.get(path)
-        except httpx.TransportError:
-            assert alive(), log.read_text()
-            assert time.monotonic() < deadline, f"the server did not start\n{log.read_text()}"
-            time.sleep(0.2)
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10, **client) as http:
+                deadline = time.monotonic() + 30
+                while True:
+                    try:
+                        response = http.get(first)
+                        break
+                    except httpx.TransportError:
+                        assert server.poll() is None, log.read_text()
+                        assert time.monotonic() < deadline, f"no answer\n{log.read_text()}"
+                        time.sleep(0.2)
+                yield http, response
+        finally:
+            server.terminate()
+            server.wait(timeout=10)

@@ -12,15 +12,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from .sites import first_answer, free_port, on_postgres, own_database, postgres, run
+from .sites import on_postgres, own_database, postgres, run, runserver
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,37 +73,22 @@ def test_the_engine_alone__jobs_workers_api_and_tasks(engine_site, tmp_path):
         env,
     ).strip()
 
-    port = free_port()
-    log_path = tmp_path / "runserver.log"
-    log = log_path.open("w")
-    server = subprocess.Popen(
-        [*manage, "runserver", "--noreload", f"127.0.0.1:{port}"],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    headers = {"Authorization": f"Bearer {token}"}
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=10) as api:
-            spec = first_answer(api, "/api/openapi.json", lambda: server.poll() is None, log_path)
-            assert spec.status_code == 200
-            submitted = api.post(
-                "/api/jobs",
-                content=json.dumps({"operation": "durable.noop", "input": {"units": 2}}),
-                headers={"Content-Type": "application/json"},
-            )
-            assert submitted.status_code == 202, submitted.text
-            job_id = submitted.json()["id"]
+    log = tmp_path / "runserver.log"
+    auth = {"headers": {"Authorization": f"Bearer {token}"}}
+    with runserver(manage, ROOT, env, log, "/api/openapi.json", **auth) as (api, spec):
+        assert spec.status_code == 200
+        submitted = api.post(
+            "/api/jobs",
+            content=json.dumps({"operation": "durable.noop", "input": {"units": 2}}),
+            headers={"Content-Type": "application/json"},
+        )
+        assert submitted.status_code == 202, submitted.text
+        job_id = submitted.json()["id"]
 
-            worker = run([*manage, "runworker", "--burst"], ROOT, env, timeout=120)
-            assert not re.search(r"level=error|Traceback", worker), worker
+        worker = run([*manage, "runworker", "--burst"], ROOT, env, timeout=120)
+        assert not re.search(r"level=error|Traceback", worker), worker
 
-            job = api.get(f"/api/jobs/{job_id}").json()
-            assert job["state"] == "completed", job
-            result = api.get(f"/api/jobs/{task_id}/result").json()
-            assert (result["status"], result["return_value"]) == ("SUCCESSFUL", 5), result
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-        log.close()
+        job = api.get(f"/api/jobs/{job_id}").json()
+        assert job["state"] == "completed", job
+        result = api.get(f"/api/jobs/{task_id}/result").json()
+        assert (result["status"], result["return_value"]) == ("SUCCESSFUL", 5), result

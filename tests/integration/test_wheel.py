@@ -24,13 +24,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import django
-import httpx
 import pytest
 from django.conf import settings
 
 from tests.docs.snippets import find
 
-from .sites import first_answer, free_port, on_postgres, own_database, postgres, run
+from .sites import on_postgres, own_database, postgres, run, runserver
 
 ROOT = Path(__file__).resolve().parents[2]
 HOWTO = "docs/how-to/embed-in-your-site.md"
@@ -208,45 +207,29 @@ def test_the_wheel_in_a_fresh_site(site: tuple[Path, Path, dict[str, str]]) -> N
         project,
         {**env, "DJANGO_SUPERUSER_PASSWORD": password},
     )
-    port = free_port()
-    log = (project / "runserver.log").open("w")
-    server = subprocess.Popen(
-        [*manage, "runserver", "--noreload", f"127.0.0.1:{port}"],
-        cwd=project,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        with httpx.Client(base_url=base, timeout=10) as client:
-            login_page = first_answer(
-                client, "/problems/login/", lambda: server.poll() is None, project / "runserver.log"
-            )
-            assert login_page.status_code == 200
-            # Not logged in: the dashboard sends the visitor to its own login page.
-            assert client.get("/problems/").headers["location"].startswith("/problems/login/")
-            token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', login_page.text)[1]
-            logged_in = client.post(
-                "/problems/login/",
-                data={"username": username, "password": password, "csrfmiddlewaretoken": token},
-                headers={"Referer": f"{base}/problems/login/"},
-            )
-            assert logged_in.status_code == 302, logged_in.text
-            assets: set[str] = set()
-            for page in PAGES:
-                response = client.get(page)
-                assert response.status_code == 200, (page, response.text[:2000])
-                assert "problems/problems.css" in response.text
-                assets |= set(re.findall(r'(?:href|src)="(/static/[^"]+)"', response.text))
-            jobs = client.get("/problems/jobs/").text
-            assert "durable.noop" in jobs
-            assert {"/static/problems/problems.css", "/static/vendor/htmx/htmx.min.js"} <= assets
-            for asset in sorted(assets):  # served by runserver through the finders
-                response = client.get(asset)
-                assert response.status_code == 200, asset
-                assert response.content, asset
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-        log.close()
+    log = project / "runserver.log"
+    with runserver(manage, project, env, log, "/problems/login/") as (client, login_page):
+        base = str(client.base_url).rstrip("/")
+        assert login_page.status_code == 200
+        # Not logged in: the dashboard sends the visitor to its own login page.
+        assert client.get("/problems/").headers["location"].startswith("/problems/login/")
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', login_page.text)[1]
+        logged_in = client.post(
+            "/problems/login/",
+            data={"username": username, "password": password, "csrfmiddlewaretoken": token},
+            headers={"Referer": f"{base}/problems/login/"},
+        )
+        assert logged_in.status_code == 302, logged_in.text
+        assets: set[str] = set()
+        for page in PAGES:
+            response = client.get(page)
+            assert response.status_code == 200, (page, response.text[:2000])
+            assert "problems/problems.css" in response.text
+            assets |= set(re.findall(r'(?:href|src)="(/static/[^"]+)"', response.text))
+        jobs = client.get("/problems/jobs/").text
+        assert "durable.noop" in jobs
+        assert {"/static/problems/problems.css", "/static/vendor/htmx/htmx.min.js"} <= assets
+        for asset in sorted(assets):  # served by runserver through the finders
+            response = client.get(asset)
+            assert response.status_code == 200, asset
+            assert response.content, asset
