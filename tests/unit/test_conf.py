@@ -103,3 +103,27 @@ def test_recovery_checks__each_missing_piece_is_named(change, expected):
         site, installed=change.get("installed", True), templates=change.get("templates", True)
     )
     assert found == expected
+
+
+def test_this_sites_environment_defaults_are_the_apps_defaults(monkeypatch):
+    """recovery/settings.py reads the same settings from the environment; unset, each
+    variable must give the apps' own default, or the standalone site and an embedding
+    site would behave differently for the same (empty) configuration."""
+    import runpy
+
+    from recovery import conf as recovery_conf
+
+    defaults = {**conf.DEFAULTS, **recovery_conf.DEFAULTS}
+    for name in [*defaults, *conf.DERIVED, "VAR_DIR"]:
+        monkeypatch.delenv(name, raising=False)
+    site = runpy.run_path(str(Path(__file__).resolve().parents[2] / "recovery" / "settings.py"))
+    compared = [name for name in defaults if name in site]
+    assert len(compared) >= 25  # the site defines nearly all of them
+    for name in compared:
+        if name == "RECOVERY_IMPORT_DIRS":  # [] means BASE_DIR/var/imports, which it spells out
+            assert site[name] == [str(Path(site["BASE_DIR"]) / "var" / "imports")]
+            continue
+        assert site[name] == defaults[name], name
+    assert site["DURABLE_BACKUP_DIR"] == conf.DERIVED["DURABLE_BACKUP_DIR"](
+        SimpleNamespace(BASE_DIR=site["BASE_DIR"])
+    )
