@@ -14,13 +14,16 @@ import httpx
 from django.conf import settings
 
 
-def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 240) -> str:
-    """Run a command to completion; its output, or the test fails with all it printed."""
+def run(
+    cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 240, stderr: bool = False
+) -> str:
+    """Run a command to completion; its output (with ``stderr``, both streams), or the
+    test fails with all it printed."""
     done = subprocess.run(
         cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
     assert done.returncode == 0, f"{' '.join(cmd)}\n{done.stdout}\n{done.stderr}"
-    return done.stdout
+    return done.stdout + done.stderr if stderr else done.stdout
 
 
 def free_port() -> int:

@@ -85,8 +85,8 @@ def test_the_engine_alone__jobs_workers_api_and_tasks(engine_site, tmp_path):
         assert submitted.status_code == 202, submitted.text
         job_id = submitted.json()["id"]
 
-        worker = run([*manage, "runworker", "--burst"], ROOT, env, timeout=120)
-        assert not re.search(r"level=error|Traceback", worker), worker
+        worker = run([*manage, "runworker", "--burst"], ROOT, env, timeout=120, stderr=True)
+        assert not re.search(r"ERROR|Traceback|level=error", worker), worker
 
         job = api.get(f"/api/jobs/{job_id}").json()
         assert job["state"] == "completed", job
