@@ -1,6 +1,14 @@
 # The two commands: `make run` and `make test`. Both create .venv and install on first use.
 PYTHON ?= python3
-VENV := .venv
+# A second Django line beside the first, in its own venv, e.g. Django 6.1:
+#   make test VENV=.venv-django6 PYTHON=python3.12 DJANGO='django>=6.1,<6.2'
+# DJANGO empty (the default): Django 5.2 LTS with the django-tasks backport (the
+# "django52" extra); otherwise the requirement to install, and no backport (Django 6
+# has django.tasks).
+VENV ?= .venv
+DJANGO ?=
+comma := ,
+EXTRAS := dev,site$(if $(DJANGO),,$(comma)django52)
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BIND ?= 127.0.0.1:8000
@@ -17,14 +25,14 @@ PYTEST_WORKERS ?= 4
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]' $(if $(DJANGO),'$(DJANGO)')
 	touch $(STAMP)
 
 install: $(STAMP)
 
 DOCS_STAMP := $(VENV)/.installed-docs
 $(DOCS_STAMP): $(STAMP) pyproject.toml
-	$(BIN)/python -m pip install --quiet -e '.[dev,docs]'
+	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS),docs]' $(if $(DJANGO),'$(DJANGO)')
 	touch $(DOCS_STAMP)
 
 setup: $(STAMP)

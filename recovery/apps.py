@@ -1,5 +1,12 @@
+from types import ModuleType
+
 from django.apps import AppConfig
+from django.conf import settings
 from django.db.models.signals import post_migrate
+
+from durable.conf import apply_defaults
+
+from . import conf
 
 
 class RecoveryConfig(AppConfig):
@@ -7,9 +14,17 @@ class RecoveryConfig(AppConfig):
     verbose_name = "Problems → Recovery"
     default_auto_field = "django.db.models.BigAutoField"
 
+    def __init__(self, app_name: str, app_module: ModuleType | None) -> None:
+        super().__init__(app_name, app_module)
+        apply_defaults(settings, conf.DEFAULTS)  # recovery.conf: before any module loads
+
     def ready(self) -> None:
         # The engine announces; this app listens (durable never imports recovery).
-        from . import receivers, schedules
+        from . import (
+            checks,  # noqa: F401 - registers the checks of what a site must add
+            receivers,
+            schedules,
+        )
         from .dashboard import indexing
 
         receivers.connect()

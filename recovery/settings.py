@@ -162,6 +162,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 LOGIN_URL = "problems:login"  # the dashboard's own page; the admin keeps /admin/login/
+RECOVERY_LOGIN_URL = LOGIN_URL  # where the dashboard sends visitors who are not logged in
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = os.environ.get("TIME_ZONE", "UTC")
@@ -255,14 +256,33 @@ DURABLE_CREDENTIAL_KEY = os.environ.get("DURABLE_CREDENTIAL_KEY", "")
 # Publish jobs that need attention and error recovery events to webhooks/mail.
 DURABLE_NOTIFY_ENGINE_EVENTS = env_bool("DURABLE_NOTIFY_ENGINE_EVENTS", True)
 
-EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
-EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
-EMAIL_PORT = int(os.environ.get("EMAIL_PORT", "25"))
-EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
-EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
-EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
-# Django's default is no timeout at all: a stuck SMTP server would hang a unit.
-EMAIL_TIMEOUT = float(os.environ.get("EMAIL_TIMEOUT", "30"))
+_EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+_SMTP = {
+    "host": os.environ.get("EMAIL_HOST", "localhost"),
+    "port": int(os.environ.get("EMAIL_PORT", "25")),
+    "username": os.environ.get("EMAIL_HOST_USER", ""),
+    "use_tls": env_bool("EMAIL_USE_TLS", False),
+    "use_ssl": env_bool("EMAIL_USE_SSL", False),
+    # Django's default is no timeout at all: a stuck SMTP server would hang a unit.
+    "timeout": float(os.environ.get("EMAIL_TIMEOUT", "30")),
+}
+if django.VERSION >= (6, 1):
+    # Django 6.1 configures mail as MAILERS (the EMAIL_* settings are deprecated
+    # there); the same environment variables fill it.
+    MAILERS = {
+        "default": {
+            "BACKEND": _EMAIL_BACKEND,
+            "OPTIONS": _SMTP if _EMAIL_BACKEND.endswith(".smtp.EmailBackend") else {},
+        }
+    }
+else:
+    EMAIL_BACKEND = _EMAIL_BACKEND
+    EMAIL_HOST = _SMTP["host"]
+    EMAIL_PORT = _SMTP["port"]
+    EMAIL_HOST_USER = _SMTP["username"]
+    EMAIL_USE_TLS = _SMTP["use_tls"]
+    EMAIL_USE_SSL = _SMTP["use_ssl"]
+    EMAIL_TIMEOUT = _SMTP["timeout"]
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "durable@localhost")
 # Credential reference for the SMTP password (resolved at send time, never stored in settings).
 DURABLE_MAIL_PASSWORD_REF = os.environ.get("DURABLE_MAIL_PASSWORD_REF", "")

@@ -41,7 +41,7 @@ class BackupDamaged(Exception):
 
 
 def backup_root() -> Path:
-    return Path(getattr(settings, "DURABLE_BACKUP_DIR", Path(settings.BASE_DIR) / "var/backups"))
+    return Path(settings.DURABLE_BACKUP_DIR)  # default: durable.conf
 
 
 def check_name(name: str) -> str:

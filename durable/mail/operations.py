@@ -22,8 +22,10 @@ from typing import Any, NoReturn
 
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
+from django.core.mail.backends.base import BaseEmailBackend
 from django.db.models import F
 from django.utils import timezone
+from django.utils.module_loading import import_string
 
 from .. import faults, notify
 from ..errors import InputRejected, NonRetryable, Unavailable
@@ -47,6 +49,26 @@ def _delivery(ctx: JobContext) -> MailDelivery:
 def _password(ctx: JobContext) -> str | None:
     ref = getattr(settings, "DURABLE_MAIL_PASSWORD_REF", "")
     return ctx.credential(ref) if ref else None
+
+
+SMTP_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+
+
+def mailer(overrides: dict[str, Any]) -> BaseEmailBackend:
+    """The site's default mailer, with the SMTP password resolved at send time.
+
+    Django 6.1 configures mail with ``MAILERS`` and deprecates the ``EMAIL_*``
+    settings; Django 5.2 knows only those. A site that defines ``MAILERS`` gets its
+    ``"default"`` mailer, built as ``django.core.mail.mailers`` builds it (which has
+    no way to add a password per send); any other site gets ``get_connection()``,
+    which reads ``EMAIL_*``. No deprecation warning on either line.
+    """
+    configured = getattr(settings, "MAILERS", None)
+    if configured is None:
+        return get_connection(fail_silently=False, **overrides)
+    config = configured.get("default") or {}
+    backend = import_string(config.get("BACKEND", SMTP_BACKEND))
+    return backend(alias="default", **{**config.get("OPTIONS", {}), **overrides})
 
 
 @register
@@ -99,15 +121,14 @@ class SendMail(Operation):
             payload=event.payload,
             created_at=event.created_at.isoformat(),
         )
-        connection = get_connection(fail_silently=False, **self._auth(ctx))
+        connection = mailer(self._auth(ctx))
         message = EmailMessage(
             subject,
             body,
             notify.sender_address(),
             [delivery.address],
             headers={"Message-ID": delivery.message_id, "X-Durable-Event-Id": event.event_id},
-            connection=connection,
-        )
+        )  # sent by connection.send_messages below (Django 6.1 deprecates connection=)
         try:
             connection.open()
         except Exception as exc:

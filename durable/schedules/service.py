@@ -376,9 +376,12 @@ def due_sql(now: datetime | None = None) -> tuple[str, list[Any]]:
     else:
         bound = "%s"
         params = [connection.ops.adapt_datetimefield_value(now or timezone.now())]
+    # SQLite uses a partial index only when the query repeats its WHERE term as written,
+    # and Django wrote it as "enabled" up to 5.2 but "enabled" = 1 from 6.1: name both.
+    enabled = "enabled AND enabled = 1" if connection.vendor == "sqlite" else "enabled"
     # The table name is quoted by the backend; the bound is a literal or a placeholder.
     sql = (
-        f"SELECT id, operation FROM {table} WHERE enabled AND next_run_at <= {bound} "  # noqa: S608
+        f"SELECT id, operation FROM {table} WHERE {enabled} AND next_run_at <= {bound} "  # noqa: S608
         f"ORDER BY next_run_at LIMIT {DUE_BATCH}"
     )
     return sql, params

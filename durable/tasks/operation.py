@@ -141,7 +141,10 @@ class TaskOperation(Operation):
         try:
             value = normalize_json(value)
         except (TypeError, ValueError) as exc:
-            raise NonRetryable(f"the task returned a value JSON cannot hold: {exc}") from exc
+            # Recorded as the real class (builtins.TypeError, ...), as Django's own
+            # backends report it; not retried, since it would fail the same way.
+            clear = type(exc)(f"the task returned a value JSON cannot hold: {exc}")
+            raise TaskGaveUp(clear) from exc
         # For task_finished once the job completes in this thread (_announce_finished).
         _last.finished = (ctx.job_id, result, value)
         unit.checkpoint.update(steps_done=run.position, steps_total=run.total)

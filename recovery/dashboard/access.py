@@ -17,6 +17,7 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -168,9 +169,10 @@ def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespo
             if htmx := htmx_details(request):
                 # Back to the page the user was on, not to the fragment's URL.
                 here = htmx.current_url_abs_path or request.get_full_path()
-                login = redirect_to_login(here)["Location"]
+                login = redirect_to_login(here, settings.RECOVERY_LOGIN_URL)["Location"]
                 return dashboard_headers(HttpResponseClientRedirect(login))
-            return dashboard_headers(redirect_to_login(request.get_full_path()))
+            login_page = redirect_to_login(request.get_full_path(), settings.RECOVERY_LOGIN_URL)
+            return dashboard_headers(login_page)
         if not is_staff(user):
             return refuse(request, "not-staff", "This dashboard is for staff users only.")
         try:

@@ -96,7 +96,7 @@ def allowed(path: str, directories: list[str]) -> bool:
 
 
 def default_import_dir() -> str:
-    var = getattr(settings, "VAR_DIR", None) or os.path.join(settings.BASE_DIR, "var")
+    var = getattr(settings, "VAR_DIR", None) or os.path.join(settings.BASE_DIR, "var")  # E004
     return os.path.join(str(var), "imports")
 
 

@@ -38,6 +38,7 @@ from .snippets import Block, all_blocks, find
 
 HERE = "tests/docs/test_examples.py"
 TASKS = "tests/docs/test_task_examples.py"
+WHEEL = "tests/integration/test_wheel.py::test_the_wheel_in_a_fresh_site"
 # (page, text that identifies the block) -> the test that runs it.
 RUN_BY = {
     ("README.md", "class Greet"): f"{HERE}::test_readme_first_durable_job",
@@ -77,6 +78,8 @@ RUN_BY = {
         f"{TASKS}::test_enqueue_on_commit_example"
     ),
     ("docs/how-to/monitor.md", "provider = TracerProvider("): f"{HERE}::test_tracing_example",
+    ("docs/how-to/embed-in-your-site.md", "INSTALLED_APPS +="): WHEEL,
+    ("docs/how-to/embed-in-your-site.md", "urlpatterns +="): WHEEL,
     ("docs/how-to/write-a-django-task.md", "def import_account"): (
         f"{TASKS}::test_durable_steps_example__a_retry_repeats_only_the_step_that_failed"
     ),

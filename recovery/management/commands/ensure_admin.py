@@ -46,7 +46,8 @@ class Command(BaseCommand):
         where = "ADMIN_PASSWORD"
         if not password:
             password = secrets.token_urlsafe(12)
-            where = str(write_password(Path(settings.VAR_DIR), password))
+            var_dir = getattr(settings, "VAR_DIR", None) or Path(settings.BASE_DIR) / "var"
+            where = str(write_password(Path(var_dir), password))
         users.objects.create_superuser(username=username, email="", password=password)
         self.stdout.write(
             self.style.SUCCESS(f"Created administrator {username!r}; the password is in {where}.")

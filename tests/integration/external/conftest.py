@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import django
 import pytest
 
 from durable.http import client as http_client
@@ -206,15 +207,30 @@ class SmtpServer:
 
 
 SMTP_USER = "notify-bot"
+# Django 6.1 configures mail as MAILERS (EMAIL_* warns there); 5.2 knows only EMAIL_*.
+MAILERS = django.VERSION >= (6, 1)
+
+
+def use_mailer(settings: Any, backend: str, **options: Any) -> None:
+    """The default mailer for this test, in the form this Django line takes."""
+    if MAILERS:
+        settings.MAILERS = {"default": {"BACKEND": backend, "OPTIONS": options}}
+        return
+    settings.EMAIL_BACKEND = backend
+    for name, value in options.items():
+        setattr(settings, f"EMAIL_{'HOST_USER' if name == 'username' else name.upper()}", value)
 
 
 def _serve_smtp(settings: Any, logins: dict[str, str] | None) -> Iterator[SmtpServer]:
     server = SmtpServer(logins=logins)
     server.start()
-    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-    settings.EMAIL_HOST = "127.0.0.1"
-    settings.EMAIL_PORT = server.port
-    settings.EMAIL_TIMEOUT = 5
+    use_mailer(
+        settings,
+        "django.core.mail.backends.smtp.EmailBackend",
+        host="127.0.0.1",
+        port=server.port,
+        timeout=5,
+    )
     try:
         yield server
     finally:

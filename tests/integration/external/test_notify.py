@@ -19,6 +19,7 @@ from durable.worker import Worker
 
 from ..helpers import drain
 from ..servers import Reply
+from .conftest import use_mailer
 
 pytestmark = pytest.mark.django_db
 
@@ -456,7 +457,7 @@ class SendsNothing(BaseEmailBackend):
 
 
 def test_mail__a_backend_that_sends_nothing_is_not_recorded_as_sent(settings):
-    settings.EMAIL_BACKEND = f"{__name__}.SendsNothing"
+    use_mailer(settings, f"{__name__}.SendsNothing")
     MailRecipient.objects.create(name="oncall", email="oncall@example.com")
     publish()
     mail = MailDelivery.objects.get()

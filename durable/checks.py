@@ -1,0 +1,62 @@
+"""System checks: what ``durable`` needs from a site and cannot default, said at deploy time.
+
+Every setting has a default (``durable.conf``); these are the few pieces that do not,
+each reported with what to add to the settings instead of failing later with an
+``AttributeError`` or a 500. Pure functions of the settings, so they are unit-tested
+without a database.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django.core import checks
+
+BACKEND = "durable.tasks.DurableBackend"
+BACKPORT_HINT = (
+    'On Django 5.2 install the django-tasks backport: pip install "restart-safe[django52]" '
+    "(Django 6 has django.tasks built in)."
+)
+
+
+def tasks_framework_installed() -> bool:
+    """Django 6's ``django.tasks``, or the ``django-tasks`` backport on Django 5.2."""
+    return any(importlib.util.find_spec(name) for name in ("django.tasks", "django_tasks"))
+
+
+def settings_problems(settings: Any, *, tasks_framework: bool) -> list[checks.CheckMessage]:
+    """Pure: the checks' findings for these settings."""
+    found: list[checks.CheckMessage] = []
+    if getattr(settings, "DURABLE_BACKUP_DIR", None) is None:
+        found.append(
+            checks.Error(
+                "DURABLE_BACKUP_DIR is not set, and without BASE_DIR it has no default "
+                "(BASE_DIR/var/backups).",
+                hint="Add DURABLE_BACKUP_DIR = '/path/to/backups' (a directory the workers "
+                "may write) to your settings, or BASE_DIR.",
+                id="durable.E001",
+            )
+        )
+    backends: Mapping[str, Any] = getattr(settings, "TASKS", None) or {}
+    uses_durable = any(
+        isinstance(config, Mapping) and config.get("BACKEND") == BACKEND
+        for config in backends.values()
+    )
+    if uses_durable and not tasks_framework:
+        found.append(
+            checks.Error(
+                f"TASKS names {BACKEND}, but Django's Tasks framework is not installed.",
+                hint=BACKPORT_HINT,
+                id="durable.E002",
+            )
+        )
+    return found
+
+
+@checks.register()
+def check_settings(app_configs: Iterable[Any] | None = None, **kwargs: Any) -> list[Any]:
+    from django.conf import settings
+
+    return settings_problems(settings, tasks_framework=tasks_framework_installed())

@@ -1,0 +1,1 @@
+"""A site with the engine alone: ``durable`` without ``recovery`` or ``django_htmx``."""
