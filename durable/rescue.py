@@ -40,6 +40,7 @@ from .jobs import add_events, announce_change, needs_attention
 from .models import Job, UnitResult, WorkerProcess, database_now, db_now
 from .operations import get_operation, registered
 from .policy import append_bounded, deaths_without_progress, reclaim_delay, worker_alive
+from .sql import statements
 from .states import (
     LEASED_STATES,
     JobState,
@@ -124,9 +125,7 @@ def register_worker(
     still agree on who is alive.
     """
     with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [0x64757261626C65])
+        statements(connection).serialize_registration(connection)
         now = database_now()
         alive = any_worker_alive(now)
         boundary = None
