@@ -16,6 +16,17 @@ from .states import JobState
 FINISH_CANCEL_MESSAGE = "stopped at a unit boundary"  # the cancelled event at a boundary
 
 
+@dataclass(frozen=True)
+class Lease:
+    """The lease a worker holds on a job: the fencing token every write of the job is
+    conditioned on. A reclaim or a cancel moves the epoch on, and the old holder's
+    writes match nothing."""
+
+    job_id: int
+    owner: str
+    epoch: int
+
+
 class Event(NamedTuple):
     """A job event to record: its kind, message and data."""
 
