@@ -88,6 +88,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # 503 + Retry-After, not 500, for a page asked for while the database is unreachable.
+    "recovery.dashboard.unavailable.DatabaseUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "recovery.urls"
