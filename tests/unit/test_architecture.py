@@ -252,6 +252,7 @@ def test_cycles__finds_every_loop_and_only_loops(graph, expected):
         ("durable.builtin.backup", "operations"),
         ("durable.builtin.derived", "rules"),  # an exact name before durable.builtin.*
         ("durable.worker", "worker"),
+        ("durable.worker.renewal", "worker"),  # the worker package's parts, not the engine's
         ("durable.api.views", "surfaces"),
         ("durable.api.parse", "rules"),
         ("recovery.dashboard.views", "site"),
@@ -353,6 +354,19 @@ def test_no_module_imports_a_higher_layer():
         if not may_import(layer_of(module), layer_of(target))
     )
     assert offenders == []
+
+
+def test_the_worker_package_is_one_layer_that_only_the_surfaces_import():
+    graph = project_graph()
+    parts = {module for module in graph if module.split(".")[:2] == ["durable", "worker"]}
+    assert len(parts) > 5  # the package and its modules, each named for what it does
+    assert {layer_of(module) for module in parts} == {"worker"}
+    importers = sorted(
+        f"{module} ({layer_of(module)})"
+        for module, found in graph.items()
+        if found & parts and module not in parts and layer_of(module) not in {"surfaces", "site"}
+    )
+    assert importers == []
 
 
 def test_no_module_imports_an_old_path():

@@ -1,0 +1,108 @@
+"""The executor threads: each claims a job at the claim desk, runs it, and claims again.
+
+``concurrency`` threads run ``Executors.loop``. An idle thread waits on the
+wake-up (a notification, or its poll interval); with ``max_jobs`` each thread
+reserves one of the remaining jobs before it claims, so the worker never runs
+more than that.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+
+from django.db import connection
+
+from .. import wakeup
+from .desk import ClaimDesk
+from .runner import JobRunner
+
+log = logging.getLogger("durable.worker")
+
+
+class Executors:
+    """What the executor threads of one worker share: the desk, the runner, the counts."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        desk: ClaimDesk,
+        runner: JobRunner,
+        wake: wakeup.Wakeup,
+        stopping: threading.Event,
+        *,
+        burst: bool,
+        poll_interval: float,
+        max_jobs: int | None,
+    ) -> None:
+        self.worker_id = worker_id
+        self.desk = desk
+        self.runner = runner
+        self.wakeup = wake
+        self.stopping = stopping
+        self.burst = burst
+        self.poll_interval = poll_interval
+        self.max_jobs = max_jobs
+        self._lock = threading.Lock()
+        self._reserved = 0
+        self.jobs_done = 0
+
+    def loop(self) -> None:
+        """One executor thread, until the worker stops (or, with ``burst``, nothing is due)."""
+        # No start-up jitter: jobs taken back after a restart already come due
+        # gradually (rescue.reclaim_delay), and everything else should start now.
+        # The thread keeps its connection for its whole life (SQLite included: a
+        # reconnect costs a WAL checkpoint's fsync on the last close); it is
+        # dropped only after an error, and the next claim reconnects.
+        idle = 0.0
+        try:
+            while not self.stopping.is_set():
+                if not self._reserve():
+                    return
+                try:
+                    claimed = self.desk.take()
+                except Exception:
+                    log.exception("claim failed; retrying", extra={"worker": self.worker_id})
+                    connection.close()
+                    self._unreserve()
+                    idle = min(max(idle * 2, self.poll_interval), 30.0)
+                    self.stopping.wait(idle)
+                    continue
+                if claimed is None:
+                    self._unreserve()
+                    if self.burst:
+                        return
+                    self.wakeup.wait(self.poll_interval * random.uniform(0.8, 1.2))
+                    continue
+                idle = 0.0
+                if self.wakeup.idle:
+                    # There may be more: let one idle thread look too (a burst
+                    # reaches every thread; a lone job costs one empty claim).
+                    self.wakeup.signal()
+                try:
+                    self.runner.execute(*claimed)
+                except Exception:
+                    # Typically the database went away while recording an outcome;
+                    # the lease expires and restart recovery takes the job back.
+                    log.exception("job left to lease expiry", extra={"job": claimed[0].job_id})
+                    connection.close()
+                with self._lock:
+                    self.jobs_done += 1
+        finally:
+            connection.close()
+
+    def _reserve(self) -> bool:
+        """With ``max_jobs``, hold one of the remaining claims for this thread."""
+        if self.max_jobs is None:
+            return True
+        with self._lock:
+            if self._reserved >= self.max_jobs:
+                return False
+            self._reserved += 1
+            return True
+
+    def _unreserve(self) -> None:
+        if self.max_jobs is not None:
+            with self._lock:
+                self._reserved -= 1
