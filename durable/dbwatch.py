@@ -34,6 +34,7 @@ class DatabaseWatch:
         self._clock = clock
         self._lock = threading.Lock()
         self._state = outage.Reachability()
+        self._returned_at: float | None = None  # when the database was last back
 
     @property
     def down(self) -> bool:
@@ -56,8 +57,16 @@ class DatabaseWatch:
         if not self._state.down:  # the common case, read without the lock
             return
         with self._lock:
-            self._state, note = outage.on_success(self._state, self._clock())
+            now = self._clock()
+            self._state, note = outage.on_success(self._state, now)
+            if note is not None:
+                self._returned_at = now
         self._write(note)
+
+    def returned_within(self, seconds: float) -> bool:
+        """Whether the database came back from an outage less than ``seconds`` ago."""
+        back = self._returned_at
+        return back is not None and self._clock() - back < seconds
 
     def retry_delay(self, failures: int, *, unreachable: bool, base: float, cap: float) -> float:
         return outage.retry_delay(

@@ -23,6 +23,7 @@ from durable.outage import (
     retry_delay,
 )
 from durable.signals import EngineSignal, send_now
+from durable.worker.housekeeping import RECLAIM_GRACE_SECONDS, reclaim_due
 
 
 def _sqlite_error(name: str) -> sqlite3.Error:
@@ -295,3 +296,40 @@ def test_send_now__raise_unreachable_hands_the_outage_to_the_caller_after_every_
     assert len(signal.calls) == 3  # type: ignore[attr-defined]
     # the bug is still logged, with its traceback; the outage is not
     assert [r.getMessage() for r in caplog.records] == ["signal receiver failed"]
+
+
+# --- the worker's housekeeping: no reclaim right after an outage -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("now", "stopping", "lost_for", "database_back", "due"),
+    [
+        (100.0, False, None, True, True),  # its time, nothing lost: reclaim
+        (99.0, False, None, True, False),  # not its time yet
+        (100.0, True, None, True, False),  # the worker is stopping
+        (100.0, False, None, False, False),  # down, or back less than the grace ago
+        (100.0, False, 1.0, True, False),  # this loop lost it a second ago: peers still renewing
+        (100.0, False, RECLAIM_GRACE_SECONDS, True, True),  # back long enough
+    ],
+)
+def test_reclaim_due__waits_a_grace_after_the_database_is_back(
+    now, stopping, lost_for, database_back, due
+):
+    found = reclaim_due(
+        now, 100.0, stopping=stopping, lost_for=lost_for, database_back=database_back
+    )
+    assert found is due
+
+
+def test_database_watch__tells_when_the_database_came_back():
+    now = [T0]
+    watch = DatabaseWatch(logging.getLogger("durable.test"), clock=lambda: now[0])
+    assert not watch.returned_within(5)
+    watch.failed(psycopg.OperationalError("the connection is closed"), "x")
+    assert watch.down
+    assert not watch.returned_within(5)
+    now[0] += 40
+    watch.succeeded()
+    assert watch.returned_within(5)
+    now[0] += 5
+    assert not watch.returned_within(5)
