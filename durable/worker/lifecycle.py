@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from .. import lease as leases
 from .. import rescue, signals, wakeup
+from ..dbwatch import DatabaseWatch
 from ..lease import Lease
 from ..models import Job, WorkerProcess
 from ..operations import get_operation, registered
@@ -69,12 +70,22 @@ class Worker:
         # we cannot interrupt: the caller should end the process with os._exit.
         self.abandoned_units = False
         self._wakeup = wakeup.Wakeup()
+        # Every loop of the process reports to it: one warning when the database is
+        # lost, one line when it is back, whichever loops fail meanwhile.
+        self.watch = DatabaseWatch(log, worker=self.worker_id)
         self.executions = Executions()
         self.desk = ClaimDesk(self._claim_for, self.claim_batch or self.concurrency)
-        self.runner = JobRunner(self.worker_id, self.lease_seconds, self.stopping, self.executions)
+        self.runner = JobRunner(
+            self.worker_id, self.lease_seconds, self.stopping, self.executions, self.watch
+        )
         self.watchdog = Watchdog(self.worker_id, self.grace_seconds, stop=self.stop)
         self.renewer = Renewer(
-            self.worker_id, self.lease_seconds, self.executions, self.watchdog, self.finished
+            self.worker_id,
+            self.lease_seconds,
+            self.executions,
+            self.watchdog,
+            self.finished,
+            self.watch,
         )
         self.executors = Executors(
             self.worker_id,
@@ -82,6 +93,7 @@ class Worker:
             self.runner,
             self._wakeup,
             self.stopping,
+            self.watch,
             burst=self.burst,
             poll_interval=self.poll_interval,
             max_jobs=self.max_jobs,
@@ -115,7 +127,7 @@ class Worker:
         renewer.start()
         keeper = threading.Thread(
             target=housekeeping_loop,
-            args=(self.worker_id, self.lease_seconds, self.stopping, self.finished),
+            args=(self.worker_id, self.lease_seconds, self.stopping, self.finished, self.watch),
             name="durable-housekeeping",
             daemon=True,
         )
@@ -127,6 +139,7 @@ class Worker:
                 self.finished,
                 due_exists=self._due_exists,
                 sqlite_interval=getattr(settings, "DURABLE_SQLITE_WAKE_INTERVAL", 0.01),
+                watch=self.watch,
             )
         threads = [
             threading.Thread(target=self.executors.loop, name=f"durable-{n}", daemon=True)
@@ -179,29 +192,32 @@ class Worker:
                 rescue.stop_pulse(self.worker_id)
 
     def _recover_at_startup(self) -> rescue.StartupReport | None:
-        """Startup recovery, retried with backoff while the database is unreachable.
+        """Startup recovery, tried again while the database is unreachable.
 
         A worker started before its database (a reboot, a failover) waits for it
-        instead of crash-looping; a stop signal ends the wait.
+        instead of crash-looping, looking every second (one warning, then one line
+        a minute), so it starts within a second of the database; a stop signal
+        ends the wait. Any other database error backs off up to 30 s.
         """
-        delay = 0.5
+        failures = 0
         while True:
             try:
-                return rescue.recover_at_startup(
+                report = rescue.recover_at_startup(
                     self.worker_id,
                     queues=self.queues,
                     concurrency=self.concurrency,
                     lease_seconds=self.lease_seconds,
                 )
             except (OperationalError, InterfaceError) as exc:
-                log.warning(
-                    "database unavailable at startup; retrying",
-                    extra={"worker": self.worker_id, "error": str(exc)[:200], "retry_in": delay},
-                )
+                failures += 1
+                unreachable = self.watch.failed(exc, "startup recovery failed; retrying")
                 connection.close()
+                delay = self.watch.retry_delay(failures, unreachable=unreachable, base=0.5, cap=30)
                 if self.stopping.wait(delay):
                     return None
-                delay = min(delay * 2, 30.0)
+                continue
+            self.watch.succeeded()
+            return report
 
     def stop(self) -> None:
         """No new claims; running units are asked to stop at their next boundary."""

@@ -4,7 +4,9 @@ The renewal thread does nothing else, so nothing can stall it: it never waits
 for a row lock (an atomic unit of ours may hold one; ``renew_unless_busy``
 skips that row) and never runs signal receivers (housekeeping does). Each
 round also tells each running job what an operator asked of it (pause,
-cancel) and runs the watchdog.
+cancel) and runs the watchdog. While the database is unreachable a round is
+tried again every second at most, not every third of a lease, so the leases
+are renewed within a second of its return, before peers may take them back.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from django.db import connection
 
 from .. import lease as leases
 from .. import rescue
+from ..dbwatch import DatabaseWatch
 from ..states import JobState
 from .execution import Executions
 from .watchdog import Watchdog
@@ -33,24 +36,37 @@ class Renewer:
         executions: Executions,
         watchdog: Watchdog,
         finished: threading.Event,
+        watch: DatabaseWatch | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.lease_seconds = lease_seconds
         self.executions = executions
         self.watchdog = watchdog
         self.finished = finished
+        self.watch = watch or DatabaseWatch(log, worker=worker_id)
 
     def loop(self) -> None:
         """Renew every lease and beat the heartbeat, every third of a lease; nothing else."""
         interval = max(self.lease_seconds / 3.0, 0.05)
+        delay, failures = interval, 0
         try:
-            while not self.finished.wait(interval):
+            while not self.finished.wait(delay):
                 try:
                     self.renew_all()
                     rescue.heartbeat(self.worker_id)
-                except Exception:
-                    log.exception("lease renewal round failed", extra={"worker": self.worker_id})
+                except Exception as exc:
+                    failures += 1
+                    unreachable = self.watch.failed(exc, "lease renewal round failed")
                     connection.close()  # the next round reconnects
+                    delay = min(
+                        interval,
+                        self.watch.retry_delay(
+                            failures, unreachable=unreachable, base=interval, cap=interval
+                        ),
+                    )
+                    continue
+                self.watch.succeeded()
+                delay, failures = interval, 0
         finally:
             connection.close()
 

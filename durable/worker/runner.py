@@ -5,7 +5,11 @@ if its result is already recorded, (3) run and verify it, (4) commit its
 result, checkpoint and events in one transaction fenced by the lease. Between
 units the job is let go of when the worker stops, an operator paused or
 cancelled it, or the lease was lost. Whatever happens, the job is left in a
-settled state (``durable.worker.failures`` for the ways a unit fails).
+settled state (``durable.worker.failures`` for the ways a unit fails) — except
+when the database itself went away: then nothing can be written, the error is
+raised to the executor thread, and the job is handed back once the database
+answers again (``hand_back_after_outage``), without spending an attempt: the
+unit did not fail, its database did.
 """
 
 from __future__ import annotations
@@ -16,14 +20,16 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from .. import faults, tracing, turns
 from .. import lease as leases
+from ..dbwatch import DatabaseWatch
 from ..errors import LeaseLost, Stopping, Unavailable
 from ..lease import Lease
 from ..models import Job
 from ..operations import JobContext, Unit, check_payload, get_operation
+from ..outage import is_unreachable
 from ..states import JobState
 from .execution import Execution, Executions
 from .failures import fail, settle, stopped_early
@@ -41,11 +47,13 @@ class JobRunner:
         lease_seconds: float,
         stopping: threading.Event,
         executions: Executions,
+        watch: DatabaseWatch | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.lease_seconds = lease_seconds
         self.stopping = stopping  # the worker stops: let go of the job at the next boundary
         self.executions = executions
+        self.watch = watch or DatabaseWatch(log, worker=worker_id)
 
     def execute(self, lease: Lease, job: Job) -> None:
         """Run the claimed job's remaining units; always leaves the job in a settled state."""
@@ -110,11 +118,37 @@ class JobRunner:
             settle(leases.pause_unavailable, lease, str(exc))
         except Exception as exc:
             execution.finishing = True
+            if engine_database_lost(exc):
+                raise  # nothing can be recorded now: the executor hands the job back later
             fail(execution, exc)
         finally:
             if units is not None and hasattr(units, "close"):
                 units.close()
             self.executions.remove(job.pk)
+
+    def hand_back_after_outage(self, lease: Lease) -> None:
+        """Once the database answers again, hand the job back: queued at once, no attempt
+        spent, its checkpoint kept (``leases.release``).
+
+        Looked at every second at most, like every loop through an outage. A job
+        that someone else took meanwhile (an outage longer than the lease) is
+        theirs: ``settle`` logs the lost lease. Not an outage after all: left to
+        lease expiry and restart recovery, as before.
+        """
+        failures = 0
+        while True:
+            try:
+                settle(leases.release, lease, "its worker lost the database")
+                self.watch.succeeded()
+                return
+            except Exception as exc:
+                failures += 1
+                connection.close()
+                if not self.watch.failed(
+                    exc, "could not hand a job back after an outage", job=lease.job_id
+                ):
+                    return
+                time.sleep(self.watch.retry_delay(failures, unreachable=True, base=1, cap=1))
 
     def _at_boundary(self, execution: Execution) -> bool:
         """Between units: True if the worker must let go of the job now."""
@@ -222,3 +256,16 @@ class JobRunner:
             events=events,
             lease_seconds=self.lease_seconds,
         )
+
+
+def engine_database_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is this thread's connection to the engine's database going away.
+
+    An unreachable database, and this thread's connection to it closed or
+    broken: not the unit's own connection to some other database (``db.copy``'s
+    target), whose outage is the unit's failure like any other.
+    """
+    if not is_unreachable(exc):
+        return False
+    raw = connection.connection
+    return raw is None or bool(getattr(raw, "closed", False) or getattr(raw, "broken", False))

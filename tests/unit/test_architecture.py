@@ -49,7 +49,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "rules",  # pure decisions and the shared vocabulary (errors, signals): no ORM, no I/O
         (
             "durable.rules", "durable.states", "durable.policy", "durable.errors",
-            "durable.signals", "durable.sanitize", "durable.clientip", "durable.*.policy",
+            "durable.signals", "durable.sanitize", "durable.clientip", "durable.outage",
+            "durable.*.policy",
             "durable.http.addresses", "durable.http.errors",
             "durable.api.errors", "durable.api.parse", "durable.api.tokens",
             "durable.builtin.derived", "durable.builtin.inventory", "durable.builtin.manifest",
