@@ -212,11 +212,11 @@ def test_renewal__a_job_that_just_completed_is_not_reported_as_a_lost_lease(capl
     worker = Worker(worker_id="w")
     ctx = JobContext(job.pk, "test.rows", {}, None, 1, "w", held.epoch)
     execution = Execution(held, ctx, get_operation("test.rows"))
-    worker._executions[job.pk] = execution
+    worker.executions.add(execution)
     execution.finishing = True  # what execute() sets just before it calls complete()
     transitions.complete(held)
     caplog.set_level("WARNING", logger="durable.worker")
-    worker._renew_all()
+    worker.renewer.renew_all()
     assert not execution.lost
     assert not ctx.should_stop()
     assert "lease lost" not in caplog.text
@@ -357,7 +357,7 @@ def test_stopping__a_unit_stopping_early_after_a_pause_leaves_the_job_paused(tmp
         while not out.exists():
             time.sleep(0.01)
         assert jobs.pause(job.pk, actor="ops").applied
-        worker._renew_all()  # one round of the renewal thread: sees "paused"
+        worker.renewer.renew_all()  # one round of the renewal thread: sees "paused"
         connection.close()
 
     helper = threading.Thread(target=operator_pauses_then_renewal_notices)

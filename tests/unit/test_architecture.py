@@ -51,7 +51,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "rules",  # pure decisions and the shared vocabulary (errors, signals): no ORM, no I/O
         (
             "durable.rules", "durable.states", "durable.policy", "durable.errors",
-            "durable.signals", "durable.sanitize", "durable.clientip", "durable.*.policy",
+            "durable.signals", "durable.sanitize", "durable.clientip", "durable.outage",
+            "durable.*.policy",
             "durable.http.addresses", "durable.http.errors",
             "durable.api.errors", "durable.api.parse", "durable.api.tokens",
             "durable.builtin.derived", "durable.builtin.inventory", "durable.builtin.manifest",
@@ -276,6 +277,7 @@ def test_cycles__finds_every_loop_and_only_loops(graph, expected):
         ("durable.endings", "rules"),  # how a lease ends, decided: pure
         ("durable.sql.postgresql", "engine"),  # a vendor's statements: the catch-all durable.*
         ("durable.worker", "worker"),
+        ("durable.worker.renewal", "worker"),  # the worker package's parts, not the engine's
         ("durable.api.views", "surfaces"),
         ("durable.api.parse", "rules"),
         ("recovery.dashboard.views", "site"),
@@ -391,6 +393,19 @@ def test_no_module_imports_a_higher_layer():
         if not may_import(layer_of(module), layer_of(target))
     )
     assert offenders == []
+
+
+def test_the_worker_package_is_one_layer_that_only_the_surfaces_import():
+    graph = project_graph()
+    parts = {module for module in graph if module.split(".")[:2] == ["durable", "worker"]}
+    assert len(parts) > 5  # the package and its modules, each named for what it does
+    assert {layer_of(module) for module in parts} == {"worker"}
+    importers = sorted(
+        f"{module} ({layer_of(module)})"
+        for module, found in graph.items()
+        if found & parts and module not in parts and layer_of(module) not in {"surfaces", "site"}
+    )
+    assert importers == []
 
 
 def test_no_module_imports_an_old_path():
