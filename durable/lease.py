@@ -36,14 +36,6 @@ from .sql import BUSY as BUSY  # renew_unless_busy's answer
 from .sql import Cursor, Row, statements
 from .states import JobState
 
-# TEMP: until the worker split is merged. The final transitions moved to
-# durable.transitions; durable/worker.py still calls them here.
-from .transitions import complete as complete
-from .transitions import pause_unavailable as pause_unavailable
-from .transitions import record_failure as record_failure
-from .transitions import release as release
-from .transitions import settle as settle
-
 log = logging.getLogger("durable.lease")
 
 MAX_RESULT_BYTES = 64 * 1024
