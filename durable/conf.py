@@ -25,6 +25,8 @@ DEFAULTS: dict[str, Any] = {
     "DURABLE_POLL_INTERVAL": 1.0,
     "DURABLE_GRACE_SECONDS": 25.0,
     "DURABLE_SQLITE_WAKE_INTERVAL": 0.01,
+    # Seconds of work a batching operation aims each unit at (durable.pacing).
+    "DURABLE_UNIT_TARGET_SECONDS": 0.4,
     # Jobs.
     "DURABLE_MAX_INPUT_BYTES": 64 * 1024,
     "DURABLE_TRACING": True,

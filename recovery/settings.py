@@ -199,6 +199,8 @@ DURABLE_GRACE_SECONDS = float(os.environ.get("DURABLE_GRACE_SECONDS", "25"))
 # due job (a shared-memory read; PostgreSQL workers are woken by NOTIFY instead).
 DURABLE_SQLITE_WAKE_INTERVAL = float(os.environ.get("DURABLE_SQLITE_WAKE_INTERVAL", "0.01"))
 DURABLE_MAX_INPUT_BYTES = int(os.environ.get("DURABLE_MAX_INPUT_BYTES", str(64 * 1024)))
+# Seconds of work each unit of a batching operation (ingest, imports, copies) aims at.
+DURABLE_UNIT_TARGET_SECONDS = float(os.environ.get("DURABLE_UNIT_TARGET_SECONDS", "0.4"))
 # Spans of jobs, units and outbound HTTP calls when an OpenTelemetry SDK is configured.
 DURABLE_TRACING = env_bool("DURABLE_TRACING", True)
 
