@@ -11,6 +11,7 @@ import io
 import json
 import os
 import pty
+import random
 import select
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 
 from durable import jobs
 from durable.models import Job, JobEvent, UnitResult
@@ -103,6 +105,56 @@ def test_worker_killed_mid_ingest__replay_never_duplicates(
     assert_each_once(10)
     cursor = IngestPath.objects.get(path=str(path)).cursor
     assert (cursor.offset, cursor.lines_imported) == (path.stat().st_size, 10)
+
+
+# Enough lines that the kills land mid-import: SQLite imports several times faster
+# (its search index waits for a job of its own).
+TORTURE_LINES = {"sqlite": 250_000, "postgresql": 60_000}
+TORTURE_KILLS = 5
+# Seconds between a worker's claim and its SIGKILL: less than a 10,000-line unit takes
+# on PostgreSQL (which this test failed with fixed units), more than a small first unit.
+KILL_AFTER_CLAIM = (0.1, 0.3)
+
+
+def test_ingest_torture__workers_killed_soon_after_each_claim_still_import_every_line_once(
+    workers, tmp_path
+):
+    """A crash-looping worker: each one SIGKILLed 0.1-0.3 s after it claims the job.
+
+    Units are sized in time, small first after a claim, so every worker commits
+    before it dies; with fixed 10,000-line units a PostgreSQL worker did not,
+    and the job failed after five deaths without progress. The whole run, with
+    300,000 lines and kills 0.8-3 s after each start, is bench/ingest_torture.py.
+    """
+    path = tmp_path / "recovery-events.jsonl"
+    lines = TORTURE_LINES[connection.vendor]
+    with open(path, "w") as handle:
+        handle.writelines(
+            json.dumps({"type": "backup-created", "detail": f"line {n}", "db": "wekan"}) + "\n"
+            for n in range(lines)
+        )
+    job = jobs.enqueue("recovery.ingest", {"path": str(path)})
+    claims = JobEvent.objects.filter(job_id=job.pk, kind="started")
+    rng = random.Random(24)
+    kills = 0
+    for _ in range(TORTURE_KILLS):
+        before, seen = claims.count(), job.units_done
+        worker = workers.start(lease=10)
+        wait_until(lambda: claims.count() > before or worker.poll() is not None, timeout=60)  # noqa: B023 - used at once
+        time.sleep(rng.uniform(*KILL_AFTER_CLAIM))
+        worker.kill()
+        worker.wait(timeout=10)
+        job.refresh_from_db()
+        if job.state != "running":
+            break  # finished within this life
+        kills += 1
+        assert job.units_done > seen, f"worker {kills} committed nothing before it died"
+    assert kills >= 2, "the file was imported too fast for the kills to land mid-import"
+    assert workers.run(lease=10).returncode == 0
+    job.refresh_from_db()
+    assert job.state == "completed", job.reason
+    assert job.attempts == 0  # every death came after progress: no attempt spent
+    assert_each_once(lines)
 
 
 def test_worker_killed_after_the_summary__the_replay_reports_what_it_imported(workers, tmp_path):
