@@ -165,10 +165,11 @@ def main() -> None:
         )
         path.unlink(missing_ok=True)
     claims = [life["claim"] for life in lives if life["claim"] is not None]
-    progressed = sum(1 for life in lives if life["units"] > 0)
+    killed = [life for life in lives if life["state"] in ("queued", "running")]
+    progressed = sum(1 for life in killed if life["units"] > 0)
     nan = float("nan")
     print(
-        f"kills: {len(lives)}; workers that committed before their kill: {progressed}; "
+        f"kills mid-job: {len(killed)}; of them committed before their kill: {progressed}; "
         f"start-to-claim median {statistics.median(claims) if claims else nan:.2f} s "
         f"(min {min(claims, default=nan):.2f}, max {max(claims, default=nan):.2f})"
     )
