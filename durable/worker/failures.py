@@ -15,8 +15,7 @@ from typing import ParamSpec
 
 from django.utils import timezone
 
-from .. import lease as leases
-from .. import tracing
+from .. import tracing, transitions
 from ..errors import LeaseLost, NonRetryable, RetryLater, Stopping, UnitTimeout
 from ..policy import backoff_delay, error_entry
 from .execution import Execution
@@ -47,7 +46,7 @@ def stopped_early(execution: Execution, exc: Stopping) -> None:
     )
     # release() settles every case under the row lock: running -> queued at
     # once, cancelling -> cancelled, paused -> stays paused; no attempt spent.
-    settle(leases.release, execution.lease, "the unit stopped early")
+    settle(transitions.release, execution.lease, "the unit stopped early")
 
 
 def fail(execution: Execution, exc: Exception) -> None:
@@ -79,7 +78,7 @@ def fail(execution: Execution, exc: Exception) -> None:
         },
     )
     settle(
-        leases.record_failure,
+        transitions.record_failure,
         lease,
         entry,
         retry_at=retry_at,

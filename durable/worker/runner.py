@@ -22,7 +22,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from .. import faults, tracing, turns
+from .. import faults, tracing, transitions, turns
 from .. import lease as leases
 from ..dbwatch import DatabaseWatch
 from ..errors import LeaseLost, Stopping, Unavailable
@@ -103,7 +103,7 @@ class JobRunner:
                 ahead = after
             faults.reach("before_complete")
             execution.finishing = True
-            leases.complete(lease)
+            transitions.complete(lease)
             tracing.outcome("completed")
         except LeaseLost as exc:
             tracing.outcome("lease_lost")
@@ -115,7 +115,7 @@ class JobRunner:
         except Unavailable as exc:
             execution.finishing = True
             tracing.outcome("unavailable")
-            settle(leases.pause_unavailable, lease, str(exc))
+            settle(transitions.pause_unavailable, lease, str(exc))
         except Exception as exc:
             execution.finishing = True
             if engine_database_lost(exc):
@@ -128,7 +128,7 @@ class JobRunner:
 
     def hand_back_after_outage(self, lease: Lease) -> None:
         """Once the database answers again, hand the job back: queued at once, no attempt
-        spent, its checkpoint kept (``leases.release``).
+        spent, its checkpoint kept (``transitions.release``).
 
         Looked at every second at most, like every loop through an outage. A job
         that someone else took meanwhile (an outage longer than the lease) is
@@ -138,7 +138,7 @@ class JobRunner:
         failures = 0
         while True:
             try:
-                settle(leases.release, lease, "its worker lost the database")
+                settle(transitions.release, lease, "its worker lost the database")
                 self.watch.succeeded()
                 return
             except Exception as exc:
@@ -156,7 +156,7 @@ class JobRunner:
             raise LeaseLost(f"job {execution.lease.job_id}: renewal found the lease gone")
         if execution.observed_state in (JobState.PAUSED, JobState.CANCELLING):
             execution.finishing = True
-            state = leases.settle(execution.lease)
+            state = transitions.settle(execution.lease)
             if state == JobState.RUNNING:  # resumed while we were busy
                 execution.finishing = False
                 execution.observed_state = state
@@ -166,7 +166,7 @@ class JobRunner:
             return True
         if self.stopping.is_set():
             execution.finishing = True
-            leases.release(execution.lease)
+            transitions.release(execution.lease)
             return True
         return False
 
