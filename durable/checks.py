@@ -54,8 +54,32 @@ def settings_problems(settings: Any, *, tasks_framework: bool) -> list[checks.Ch
                 id="durable.E002",
             )
         )
+    found.extend(pooler_problems(settings))
     found += _unit_target_problems(settings)
     return found
+
+
+def pooler_problems(settings: Any) -> list[checks.CheckMessage]:
+    """``DURABLE_LISTEN_URL`` says the default database is behind a pooler in transaction
+    mode: then Django must not use server-side cursors either (``.iterator()`` declares
+    one ``WITH HOLD`` and fetches it in later statements, which the pooler may send to
+    another server connection, where it does not exist)."""
+    if not getattr(settings, "DURABLE_LISTEN_URL", ""):
+        return []
+    default = (getattr(settings, "DATABASES", None) or {}).get("default") or {}
+    if not str(default.get("ENGINE", "")).endswith("postgresql"):
+        return []
+    if default.get("DISABLE_SERVER_SIDE_CURSORS"):
+        return []
+    return [
+        checks.Warning(
+            "DURABLE_LISTEN_URL is set, so the default database goes through a pooler in "
+            "transaction mode, but DATABASES['default'] still lets Django use server-side "
+            "cursors, which such a pooler cannot keep between statements.",
+            hint="Add 'DISABLE_SERVER_SIDE_CURSORS': True to DATABASES['default'].",
+            id="durable.W001",
+        )
+    ]
 
 
 def _unit_target_problems(settings: Any) -> list[checks.CheckMessage]:

@@ -25,6 +25,9 @@ DEFAULTS: dict[str, Any] = {
     "DURABLE_POLL_INTERVAL": 1.0,
     "DURABLE_GRACE_SECONDS": 25.0,
     "DURABLE_SQLITE_WAKE_INTERVAL": 0.01,
+    # PostgreSQL: a libpq URL for the wake-up listener's own connection, bypassing a
+    # pooler in transaction mode; "": the default database's (docs: run-workers.md).
+    "DURABLE_LISTEN_URL": "",
     # Seconds of work a batching operation aims each unit at (durable.pacing).
     "DURABLE_UNIT_TARGET_SECONDS": 0.4,
     # Jobs.

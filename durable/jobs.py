@@ -28,6 +28,8 @@ from .operations import Operation, get_operation, max_input_bytes
 from .policy import MAX_ERROR_MESSAGE_BYTES, truncate_utf8
 from .rules import UNIQUE_KEY_MAX, priority_from, queue_name_problem
 from .sanitize import clean_input
+from .sql import statements
+from .sql.base import SHARED_FIELDS
 from .states import FINISHED_STATES, Action, Decision, JobState, OnRestart, decide
 
 log = logging.getLogger("durable.jobs")
@@ -404,43 +406,15 @@ def _insert_many(jobs: list[Job], common: dict[str, Any], now: datetime) -> None
     if not jobs:
         return
     conn = connection
-    ops = conn.ops
-    table, events = ops.quote_name(Job._meta.db_table), ops.quote_name(JobEvent._meta.db_table)
     template = jobs[0]
-    shared = [f for f in Job._meta.concrete_fields if f.name not in ("id", "input", "unique_key")]
-    values = [f.get_db_prep_save(f.pre_save(template, True), conn) for f in shared]
-    columns = ", ".join(ops.quote_name(f.column) for f in shared)
+    values = [f.get_db_prep_save(f.pre_save(template, True), conn) for f in SHARED_FIELDS]
     payload = json.dumps([[job.input, job.unique_key] for job in jobs])
     facts = json.dumps({"owner": common["owner"], "queue": common["queue"]})
-    created = ops.adapt_datetimefield_value(now)
-    pg = conn.vendor == "postgresql"
-    picks = ", ".join(["%s"] * len(shared))
-    if pg:
-        sql = (
-            f"WITH source AS (SELECT e.value, e.n FROM jsonb_array_elements(%s::jsonb) "
-            f"WITH ORDINALITY AS e(value, n)), "
-            f"added AS (INSERT INTO {table} ({columns}, input, unique_key) "
-            f"SELECT {picks}, value -> 0, value ->> 1 FROM source ORDER BY n RETURNING id) "
-            f"INSERT INTO {events} (job_id, seq, kind, message, data, created_at) "
-            f"SELECT id, 1, 'enqueued', '', %s::jsonb, %s FROM added RETURNING job_id"
+    created = conn.ops.adapt_datetimefield_value(now)
+    with conn.cursor() as cursor:
+        ids = statements(conn).insert_jobs(
+            cursor, values=values, payload=payload, facts=facts, created=created
         )
-        with conn.cursor() as cursor:
-            cursor.execute(sql, [payload, *values, facts, created])
-            ids = sorted(row[0] for row in cursor.fetchall())
-    else:
-        sql = (
-            f"INSERT INTO {table} ({columns}, input, unique_key) "
-            f"SELECT {picks}, json_extract(value, '$[0]'), json_extract(value, '$[1]') "
-            f"FROM json_each(%s) ORDER BY key RETURNING id"
-        )
-        with conn.cursor() as cursor:
-            cursor.execute(sql, [*values, payload])
-            ids = sorted(row[0] for row in cursor.fetchall())
-            cursor.execute(
-                f"INSERT INTO {events} (job_id, seq, kind, message, data, created_at) "
-                f"SELECT value, 1, 'enqueued', '', %s, %s FROM json_each(%s)",
-                [facts, created, json.dumps(ids)],
-            )
     if len(ids) != len(jobs):  # pragma: no cover - the database broke its promise
         raise RuntimeError(f"inserted {len(ids)} jobs for {len(jobs)} inputs")
     for job, pk in zip(jobs, ids, strict=True):

@@ -36,18 +36,14 @@ from django.db.models import Max, Q
 from django.utils import timezone
 
 from . import signals, turns
+from .endings import Write, reclaimed
 from .jobs import add_events, announce_change, needs_attention
 from .models import Job, UnitResult, WorkerProcess, database_now, db_now
 from .operations import get_operation, registered
-from .policy import append_bounded, deaths_without_progress, reclaim_delay, worker_alive
-from .states import (
-    LEASED_STATES,
-    JobState,
-    OnRestart,
-    RestartOutcome,
-    on_restart,
-    worker_lost_spends_attempt,
-)
+from .policy import reclaim_delay, worker_alive
+from .sql import statements
+from .states import LEASED_STATES, JobState, OnRestart
+from .transitions import attend, write
 
 log = logging.getLogger("durable.rescue")
 
@@ -124,9 +120,7 @@ def register_worker(
     still agree on who is alive.
     """
     with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [0x64757261626C65])
+        statements(connection).serialize_registration(connection)
         now = database_now()
         alive = any_worker_alive(now)
         boundary = None
@@ -327,6 +321,9 @@ def reclaim(me: str, *, limit: int = RECLAIM_BATCH) -> list[int]:
 
 
 def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str, *, position: int = 0) -> bool:
+    """Apply the restart policy to one job, decided by ``endings.reclaimed``: one
+    transaction on the job's observed lease epoch, so two rescuers racing over the same
+    job apply it once. False when the job was no longer there to take back."""
     now = timezone.now()
     with transaction.atomic():
         # SKIP LOCKED: a locked row is being changed right now — typically its
@@ -342,118 +339,45 @@ def _reclaim_one(job_id: int, epoch: int, condition: Q, me: str, *, position: in
         if job is None:
             return False  # locked, renewed, finished or reclaimed by a peer meanwhile
         old, previous, checkpoint = job.state, job.lease_owner, job.checkpoint
-        outcome = on_restart(job.state, job.on_restart)
-        fields: dict = {"lease_owner": None, "lease_expires_at": None, "updated_at": now}
-        if outcome is RestartOutcome.RELEASE:
-            Job.objects.filter(pk=job.pk).update(**fields)
-            return True
-        data = {"previous_worker": previous, "epoch": epoch, "policy": job.on_restart, "by": me}
-        if outcome is RestartOutcome.CANCEL:
-            fields.update(state=JobState.CANCELLED, finished_at=now, error_code="cancelled")
-            kind, message = "cancelled", "its worker stopped before finishing the cancel"
-        else:
-            units_committed = (
-                None if job.units_at_claim is None else job.units_done - job.units_at_claim
-            )
-            spent = worker_lost_spends_attempt(
-                outcome, units_at_claim=job.units_at_claim, units_done=job.units_done
-            )
-            attempts = job.attempts + 1 if spent else job.attempts
-            if units_committed is None:
-                lost = f"worker {previous} stopped while running this job"
-            elif spent and units_committed == 0:
-                lost = f"worker {previous} stopped while running this job, before committing a unit"
-            else:
-                lost = (
-                    f"worker {previous} stopped while running this job, after committing "
-                    f"{units_committed} unit(s)"
-                )
-            if not spent:
-                lost += "; it made progress, so no attempt is spent"
-            entry = {
-                "at": now.isoformat(),
-                "attempt": job.attempts + 1,  # the attempt it was on, as for any failure
-                "error_class": "WorkerLost",
-                "message": lost,
-                "retryable": outcome is not RestartOutcome.FAIL,
-                "traceback": "",
-                "attempt_spent": spent,
-                "units_committed": units_committed,
-            }
-            fields.update(
-                attempts=attempts,
-                reclaims=job.reclaims + 1,
-                errors=append_bounded(job.errors, entry),
-                last_error_class="WorkerLost",
-            )
-            data.update(attempt_spent=spent, units_committed=units_committed)
-            exhausted = spent and attempts >= job.max_attempts
-            if outcome is RestartOutcome.FAIL:
-                fields.update(
-                    state=JobState.FAILED,
-                    finished_at=now,
-                    error_code="server_restarted",
-                    reason="its worker stopped while it ran and its on_restart policy is 'fail'",
-                )
-                kind, message = "failed", fields["reason"]
-            elif exhausted:
-                target = (
-                    JobState(get_operation(job.operation).on_exhausted)
-                    if job.operation in registered()
-                    else JobState.FAILED
-                )
-                deaths = deaths_without_progress(fields["errors"], attempts)
-                times = "once" if deaths == 1 else f"{deaths} times"
-                also = "" if deaths == attempts else f"; {attempts} failed attempts in all"
-                fields.update(
-                    state=target,
-                    error_code="exhausted",
-                    reason=(
-                        f"its worker stopped {times} without committing a unit "
-                        f"(checkpoint {job.checkpoint!r}{also}); it may be what crashes "
-                        f"the worker"
-                    ),
-                    finished_at=now if target == JobState.FAILED else None,
-                )
-                kind, message = target.value, fields["reason"]
-            else:
-                due = now + timedelta(seconds=reclaim_delay(position))
-                fields.update(state=JobState.QUEUED, next_attempt_at=due)
-                if outcome is RestartOutcome.REQUEUE_FROM_START:
-                    fields.update(checkpoint=None, units_done=0)
-                    UnitResult.objects.filter(job_id=job.pk).delete()
-                    data["from_start"] = True
-                kind, message = "reclaimed", f"taken back from {previous}"
-                if not spent:
-                    message += f" after {units_committed} committed unit(s); no attempt spent"
-        for name, value in fields.items():
-            setattr(job, name, value)
-        add_events(job, [(kind, message, data)], now)
-        job.save(update_fields=[*fields, "event_seq"])
-        announce_change(job, old, kind, message, data)
-        signals.send_on_commit(
-            signals.job_reclaimed,
-            job_id=job.pk,
-            operation=job.operation,
-            previous_owner=previous,
-            policy=job.on_restart,
-            outcome=outcome.value,
-            old_state=old,
-            new_state=job.state,
-            # Where the job was when its worker stopped (on_restart=retry has
-            # just dropped it, so job.checkpoint would say None).
-            checkpoint=checkpoint,
-            attempt=job.attempts,
-            next_attempt_at=job.next_attempt_at if job.state == JobState.QUEUED else None,
-            reason=job.reason,
-            # False: the lost lease had committed units, so the death is on record
-            # but spent no attempt (None for a cancel finished on the worker's behalf).
-            attempt_spent=data.get("attempt_spent"),
-            units_committed=data.get("units_committed"),
+        decided = reclaimed(
+            job,
+            now,
+            epoch=epoch,
+            by=me,
+            on_exhausted=_on_exhausted(job.operation),
+            delay=reclaim_delay(position),
         )
-        if job.state in (JobState.FAILED, JobState.PAUSED):
-            needs_attention(job, job.error_code, job.reason)
+        if decided.drop_results:
+            UnitResult.objects.filter(job_id=job.pk).delete()
+        write(job, decided.ending, now)
+        if isinstance(decided.ending, Write):
+            signals.send_on_commit(
+                signals.job_reclaimed,
+                job_id=job.pk,
+                operation=job.operation,
+                previous_owner=previous,
+                policy=job.on_restart,
+                outcome=decided.outcome.value,
+                old_state=old,
+                new_state=job.state,
+                # Where the job was when its worker stopped (on_restart=retry has
+                # just dropped it, so job.checkpoint would say None).
+                checkpoint=checkpoint,
+                attempt=job.attempts,
+                next_attempt_at=job.next_attempt_at if job.state == JobState.QUEUED else None,
+                reason=job.reason,
+                # False: the lost lease had committed units, so the death is on record
+                # but spent no attempt (None for a cancel finished on the worker's behalf).
+                attempt_spent=decided.facts.get("attempt_spent"),
+                units_committed=decided.facts.get("units_committed"),
+            )
+            attend(job, decided.ending)
     return True
+
+
+def _on_exhausted(operation: str) -> str:
+    """What an operation's jobs become once out of attempts; failed if it is gone."""
+    return get_operation(operation).on_exhausted if operation in registered() else JobState.FAILED
 
 
 def fail_leftover_queued(boundary: datetime, me: str) -> list[int]:

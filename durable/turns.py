@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from django.db import connection as default_connection
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 # A worker gives way at most this long before its next atomic unit: longer than
 # SQLite's slowest busy-handler retry (100 ms), so each announced waiter gets at
@@ -40,10 +41,14 @@ MAX_GIVE_WAY = 0.5
 _POLL = 0.002  # seconds between looks while giving way
 _WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
 
-_local = threading.local()
+_local = threading.local()  # .files: this thread's open lock files, by path
+
+# What Django's execute wrappers are handed: the next wrapper (or the cursor's own
+# execute) with the statement, its parameters, many, and the context (connection, cursor).
+Execute = Callable[[str, Any, bool, dict[str, Any]], Any]
 
 
-def sqlite_file(conn: Any) -> str | None:
+def sqlite_file(conn: BaseDatabaseWrapper) -> str | None:
     """``conn``'s SQLite database file; None for PostgreSQL or an in-memory database."""
     if conn.vendor != "sqlite":
         return None
@@ -53,7 +58,7 @@ def sqlite_file(conn: Any) -> str | None:
     return name
 
 
-def turns_path(conn: Any) -> str | None:
+def turns_path(conn: BaseDatabaseWrapper) -> str | None:
     """The lock file beside ``conn``'s SQLite database; None where turns do not apply."""
     name = sqlite_file(conn)
     return None if name is None else f"{name}-turns"
@@ -71,11 +76,11 @@ class _LockFile:
         os.close(self.fd)
 
 
-def _descriptor(conn: Any) -> int | None:
+def _descriptor(conn: BaseDatabaseWrapper) -> int | None:
     path = turns_path(conn)
     if path is None:
         return None
-    opened = getattr(_local, "files", None)
+    opened: dict[str, _LockFile] | None = getattr(_local, "files", None)
     if opened is None:
         opened = _local.files = {}
     lock_file = opened.get(path)
@@ -88,7 +93,7 @@ def _descriptor(conn: Any) -> int | None:
 
 
 @contextmanager
-def waiting(conn: Any = None) -> Iterator[None]:
+def waiting(conn: BaseDatabaseWrapper | None = None) -> Iterator[None]:
     """Around a statement that may wait for the write lock: others see us waiting.
 
     Never blocks on the lock file itself: it is held exclusively only for the
@@ -96,7 +101,7 @@ def waiting(conn: Any = None) -> Iterator[None]:
     that instant must not stop every writer; then this wait goes unannounced.
     """
     fd = _descriptor(conn if conn is not None else default_connection)
-    announced = False
+    announced: int | None = None  # the descriptor flocked, once it is
     if fd is not None:
         for _ in range(3):
             try:
@@ -104,16 +109,16 @@ def waiting(conn: Any = None) -> Iterator[None]:
             except BlockingIOError:
                 time.sleep(0)
                 continue
-            announced = True
+            announced = fd
             break
     try:
         yield
     finally:
-        if announced:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+        if announced is not None:
+            fcntl.flock(announced, fcntl.LOCK_UN)
 
 
-def others_waiting(conn: Any = None) -> bool:
+def others_waiting(conn: BaseDatabaseWrapper | None = None) -> bool:
     """Is another thread or process waiting for the write lock right now?"""
     fd = _descriptor(conn if conn is not None else default_connection)
     if fd is None:
@@ -126,7 +131,7 @@ def others_waiting(conn: Any = None) -> bool:
     return False
 
 
-def give_way(conn: Any = None, *, limit: float = MAX_GIVE_WAY) -> float:
+def give_way(conn: BaseDatabaseWrapper | None = None, *, limit: float = MAX_GIVE_WAY) -> float:
     """Before taking the write lock again: let every announced waiter go first.
 
     Returns the seconds spent waiting (0.0 when nobody was waiting). Inside a
@@ -144,17 +149,17 @@ def give_way(conn: Any = None, *, limit: float = MAX_GIVE_WAY) -> float:
     return time.monotonic() - started
 
 
-def _announce(execute: Callable, sql: str, params: Any, many: bool, context: dict) -> Any:
+def _announce(execute: Execute, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
     """Django execute wrapper: statements that take the write lock announce their wait."""
     head = sql.lstrip()[:7].upper()
-    conn = context["connection"]
+    conn: BaseDatabaseWrapper = context["connection"]
     if head.startswith("BEGIN") or (not conn.in_atomic_block and head.startswith(_WRITES)):
         with waiting(conn):
             return execute(sql, params, many, context)
     return execute(sql, params, many, context)
 
 
-def install(sender: Any, connection: Any, **kwargs: Any) -> None:
+def install(sender: object, connection: BaseDatabaseWrapper, **kwargs: object) -> None:
     """``connection_created`` receiver: SQLite connections announce their writes.
 
     Inserted first, so that an ``execute_wrapper()`` block open while the

@@ -7,6 +7,10 @@ handed back at shutdown — so no code path can forget it and a rolled-back
 enqueue wakes nobody. One connection per worker process ``LISTEN``s and wakes
 one idle thread; a thread that claimed after a wake-up passes it on, so a
 burst reaches every thread while a single job costs at most one empty claim.
+That connection is the ``default`` database's, or the one ``DURABLE_LISTEN_URL``
+names (one that bypasses a pooler in transaction mode, which cannot keep a
+LISTEN); either way the listener first checks that a notification sent through
+``default`` reaches it, and polls instead when none does.
 
 SQLite has no notifications, but every worker shares one machine and one
 file: ``PRAGMA data_version`` (which changes when another connection commits)
@@ -22,10 +26,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
+import psycopg
+from django.conf import settings
 from django.db import connections
+
+from .dbwatch import DatabaseWatch
 
 log = logging.getLogger("durable.wakeup")
 
@@ -77,11 +88,20 @@ def start_listener(
     *,
     due_exists: Callable[[], bool],
     sqlite_interval: float,
+    watch: DatabaseWatch | None = None,
 ) -> threading.Thread | None:
-    """Start this process's wake-up thread for the default database's vendor."""
+    """Start this process's wake-up thread for the default database's vendor.
+
+    ``watch``: the process's watch on its database, told when the listening
+    connection is lost or back (only when it is a connection to the same
+    database as the worker's others: not one of ``DURABLE_LISTEN_URL``).
+    """
     vendor = connections["default"].vendor
     if vendor == "postgresql":
-        target = _PgListener(wakeup, set(queues), finished).run
+        url = getattr(settings, "DURABLE_LISTEN_URL", "") or ""
+        target = _PgListener(
+            wakeup, set(queues), finished, listen_url=url, watch=None if url else watch
+        ).run
     elif vendor == "sqlite":
         target = _SqliteWatcher(wakeup, finished, due_exists, sqlite_interval).run
     else:
@@ -92,34 +112,122 @@ def start_listener(
 
 
 class _PgListener:
-    def __init__(self, wakeup: Wakeup, queues: set[str], finished: threading.Event) -> None:
+    """LISTENs on one connection of its own, which must keep its session between statements.
+
+    Behind a pooler in transaction mode (PgBouncer's ``pool_mode = transaction``)
+    it does not: the LISTEN lands on whichever server connection ran it, and the
+    notifications go to whichever client that connection serves next, or
+    nowhere. So before listening for jobs the listener checks that a
+    notification sent the way an enqueue sends it (through the ``default``
+    database) reaches it, on a channel of its own that nobody else uses: if
+    none arrives, it says so once and the worker polls (``--poll-interval``),
+    looking again every ``RECHECK_SECONDS``. ``DURABLE_LISTEN_URL`` names a
+    connection that bypasses the pooler, for wake-ups within milliseconds.
+    """
+
+    PROBE_SECONDS = 5.0  # how long a notification may take to arrive before we give up
+    RECHECK_SECONDS = 300.0  # how often a listener whose check failed tries again
+    POLL = 0.5  # how long one wait for notifications lasts (then finished is looked at)
+
+    def __init__(
+        self,
+        wakeup: Wakeup,
+        queues: set[str],
+        finished: threading.Event,
+        *,
+        listen_url: str = "",
+        watch: DatabaseWatch | None = None,
+    ) -> None:
         self.wakeup, self.queues, self.finished = wakeup, queues, finished
+        self.listen_url = listen_url
+        # Not the worker's watch for a connection of its own (DURABLE_LISTEN_URL): its
+        # outages are its own, reported by a watch of its own.
+        self.watch = watch or DatabaseWatch(
+            log, listening="DURABLE_LISTEN_URL" if listen_url else "default"
+        )
+        self.probe_channel = f"durable_probe_{secrets.token_hex(8)}"
+        self.pooled_warned = False
 
     def run(self) -> None:
-        delay = 0.5
+        failures = 0
         while not self.finished.is_set():
-            conn = connections.create_connection("default")  # not a worker thread's own
+            raw: Any = None
             try:
-                conn.ensure_connection()
-                raw = conn.connection
+                raw = self._connect()
+                if not self._notifications_arrive(raw):
+                    if self.finished.is_set():
+                        break  # stopping during the check: it proved nothing
+                    failures = 0
+                    self._say_pooled()
+                    self.finished.wait(self.RECHECK_SECONDS)
+                    continue
                 raw.execute(f"LISTEN {CHANNEL}")
-                delay = 0.5
+                self.watch.succeeded()
+                failures = 0
                 # Whatever was enqueued while nobody listened is looked for once.
                 self.wakeup.signal()
-                while not self.finished.is_set():
-                    for notice in raw.notifies(timeout=0.5):
-                        if notice.payload in self.queues:
-                            self.wakeup.signal()
+                self._listen(raw)
             except Exception as exc:
-                log.warning(
-                    "wake-up listener lost its connection; polling meanwhile",
-                    extra={"error": str(exc)[:200], "retry_in": delay},
+                failures += 1
+                unreachable = self.watch.failed(
+                    exc, "wake-up listener failed; polling meanwhile", failures=failures
                 )
-                self.finished.wait(delay)
-                delay = min(delay * 2, 30.0)
+                self.finished.wait(
+                    self.watch.retry_delay(failures, unreachable=unreachable, base=0.5, cap=30.0)
+                )
             finally:
-                with contextlib.suppress(Exception):  # a broken connection may fail to close
-                    conn.close()
+                if raw is not None:
+                    with contextlib.suppress(Exception):  # a broken connection may fail to close
+                        raw.close()
+
+    def _connect(self) -> Any:
+        """The raw psycopg connection to listen on, in autocommit."""
+        if self.listen_url:
+            return psycopg.connect(self.listen_url, autocommit=True, connect_timeout=10)
+        conn = connections.create_connection("default")  # not a worker thread's own
+        conn.ensure_connection()
+        raw = conn.connection
+        raw.autocommit = True
+        return raw
+
+    def _notifications_arrive(self, raw: Any) -> bool:
+        """Send a notification through the ``default`` database; does it reach ``raw``?"""
+        token = secrets.token_hex(8)
+        raw.execute(f"LISTEN {self.probe_channel}")
+        try:
+            conn = connections["default"]  # this thread's own: the way an enqueue notifies
+            try:
+                with conn.cursor() as cursor:
+                    cursor.execute("SELECT pg_notify(%s, %s)", [self.probe_channel, token])
+            finally:
+                conn.close()
+            deadline = time.monotonic() + self.PROBE_SECONDS
+            while (left := deadline - time.monotonic()) > 0 and not self.finished.is_set():
+                for notice in raw.notifies(timeout=min(left, self.POLL)):
+                    if notice.channel == self.probe_channel and notice.payload == token:
+                        return True
+            return False
+        finally:
+            # Behind a pooler this may land on another server connection than the
+            # LISTEN did; the channel is this process's own, so a registration left
+            # behind is never notified again.
+            raw.execute(f"UNLISTEN {self.probe_channel}")
+
+    def _say_pooled(self) -> None:
+        if self.pooled_warned:
+            return
+        self.pooled_warned = True
+        log.warning(
+            "wake-ups do not arrive on this connection (a pooler in transaction mode?); "
+            "idle workers poll instead: set DURABLE_LISTEN_URL to a connection that bypasses it",
+            extra={"listening": "DURABLE_LISTEN_URL" if self.listen_url else "default"},
+        )
+
+    def _listen(self, raw: Any) -> None:
+        while not self.finished.is_set():
+            for notice in raw.notifies(timeout=self.POLL):
+                if notice.channel == CHANNEL and notice.payload in self.queues:
+                    self.wakeup.signal()
 
 
 class _SqliteWatcher:

@@ -88,6 +88,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # 503 + Retry-After, not 500, for a page asked for while the database is unreachable.
+    "recovery.dashboard.unavailable.DatabaseUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "recovery.urls"
@@ -145,6 +147,9 @@ else:
     # would hold its row locks forever; the server ends such a session instead.
     _idle_ms = int(float(os.environ.get("PG_IDLE_IN_TRANSACTION_TIMEOUT", "300")) * 1000)
     _db.setdefault("OPTIONS", {})["options"] = f"-c idle_in_transaction_session_timeout={_idle_ms}"
+    # Behind a pooler in transaction mode (PgBouncer): .iterator()'s server-side cursors
+    # cannot outlive their statement there (docs: run-workers.md, "Behind PgBouncer").
+    _db["DISABLE_SERVER_SIDE_CURSORS"] = env_bool("DISABLE_SERVER_SIDE_CURSORS", False)
     # Several checkouts of this project may share one PostgreSQL server; each
     # gets its own test database so their test runs never collide.
     _suffix = hashlib.sha256(str(BASE_DIR).encode()).hexdigest()[:8]
@@ -198,6 +203,9 @@ DURABLE_GRACE_SECONDS = float(os.environ.get("DURABLE_GRACE_SECONDS", "25"))
 # SQLite: how often an idle worker reads PRAGMA data_version to notice a newly
 # due job (a shared-memory read; PostgreSQL workers are woken by NOTIFY instead).
 DURABLE_SQLITE_WAKE_INTERVAL = float(os.environ.get("DURABLE_SQLITE_WAKE_INTERVAL", "0.01"))
+# PostgreSQL behind PgBouncer in transaction mode: a URL that reaches PostgreSQL
+# directly, for the workers' LISTEN (wake-ups); empty: the DATABASE_URL connection.
+DURABLE_LISTEN_URL = os.environ.get("DURABLE_LISTEN_URL", "")
 DURABLE_MAX_INPUT_BYTES = int(os.environ.get("DURABLE_MAX_INPUT_BYTES", str(64 * 1024)))
 # Seconds of work each unit of a batching operation (ingest, imports, copies) aims at.
 DURABLE_UNIT_TARGET_SECONDS = float(os.environ.get("DURABLE_UNIT_TARGET_SECONDS", "0.4"))

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests import traces
+from tests import pgbouncer, traces
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # A developer's own deployment settings must not leak into tests (a worker
@@ -28,6 +28,8 @@ HOST_ONLY_VARIABLES = (
     "DURABLE_RETENTION_CRON",
     "FILE_STORAGES",
     "DURABLE_FAULTS",
+    "DURABLE_LISTEN_URL",
+    "DISABLE_SERVER_SIDE_CURSORS",
 )
 for _name in HOST_ONLY_VARIABLES:
     os.environ.pop(_name, None)
@@ -45,13 +47,20 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, interval: fl
         time.sleep(interval)
 
 
-def database_url() -> str:
-    """The URL of the database the tests run on (pytest-django's test database)."""
+def database_url(*, direct: bool = False) -> str:
+    """The URL of the database the tests run on (pytest-django's test database).
+
+    Through the PgBouncer the tests are routed through, if any (``tests.pgbouncer``),
+    unless ``direct``.
+    """
     from django.db import connection
 
     settings = connection.settings_dict
     if connection.vendor == "sqlite":
         return f"sqlite:///{settings['NAME']}"
+    bouncer = pgbouncer.routed_to()
+    if bouncer is not None and not direct:
+        return bouncer.url(settings["NAME"])
     user = settings.get("USER") or "postgres"
     password = f":{settings['PASSWORD']}" if settings.get("PASSWORD") else ""
     host = settings.get("HOST") or "127.0.0.1"
@@ -138,3 +147,43 @@ def spans() -> Iterator[Any]:
         yield exporter
     finally:
         traces.uninstall()
+
+
+# --- through PgBouncer ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_server(django_db_setup, django_db_blocker) -> Iterator[pgbouncer.PgBouncer]:
+    """One PgBouncer per test process, in front of the test database (PostgreSQL only).
+
+    After ``django_db_setup``, so it is stopped before the test database is dropped
+    (a pooler holding server connections to it would make the drop fail).
+    """
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("PgBouncer pools PostgreSQL only")
+    bouncer = pgbouncer.PgBouncer().start()
+    try:
+        yield bouncer
+    finally:
+        bouncer.close()
+
+
+@pytest.fixture
+def through_pgbouncer(pgbouncer_server: pgbouncer.PgBouncer) -> Iterator[pgbouncer.PgBouncer]:
+    """Worker subprocesses and live servers of this test connect through PgBouncer, with
+    the configuration the "Behind PgBouncer" how-to gives (wake-ups on a direct connection)."""
+    with pgbouncer.routed(pgbouncer_server, listen_url=database_url(direct=True)):
+        yield pgbouncer_server
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _whole_run_through_pgbouncer(request: pytest.FixtureRequest) -> Iterator[None]:
+    """``TEST_PGBOUNCER=1``: every test's processes through PgBouncer (PostgreSQL runs)."""
+    if not os.environ.get("TEST_PGBOUNCER") or "postgres" not in os.environ.get("DATABASE_URL", ""):
+        yield
+        return
+    bouncer = request.getfixturevalue("pgbouncer_server")
+    with pgbouncer.routed(bouncer, listen_url=database_url(direct=True)):
+        yield

@@ -103,7 +103,18 @@ def _json(description: str, schema: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": _ref(schema)}}}
 
 
+# Every call that authenticates reads the database: while it is unreachable, a 503.
+DATABASE_UNAVAILABLE = {
+    **_problem(
+        "The database cannot be reached right now (`code` database_unavailable); "
+        "try again after Retry-After seconds."
+    ),
+    "headers": {
+        "Retry-After": {"required": True, "schema": {"type": "string", "pattern": "^[0-9]+$"}}
+    },
+}
 AUTH_PROBLEMS = {
+    "503": DATABASE_UNAVAILABLE,
     "401": {
         **_problem("Missing, malformed, unknown or revoked token."),
         "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
@@ -657,7 +668,9 @@ def _job_paths(base: str) -> dict[str, Any]:
                     "503": {
                         **_problem(
                             "Event stream: this server process already serves "
-                            "DURABLE_API_MAX_STREAMS streams; reconnect after Retry-After."
+                            "DURABLE_API_MAX_STREAMS streams (`code` too_many_streams); or the "
+                            "database cannot be reached (`code` database_unavailable). "
+                            "Reconnect after Retry-After."
                         ),
                         "headers": {
                             "Retry-After": {

@@ -16,7 +16,7 @@ from http import HTTPStatus
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
@@ -26,6 +26,7 @@ from django.views.decorators.csrf import csrf_exempt
 from .. import jobs
 from ..models import Job, JobEvent
 from ..models.api import Client
+from ..outage import describe, is_unreachable
 from ..states import FINISHED_STATES, Action
 from ..tasks.describe import task_result_json
 from .auth import authenticate, authorize_job_action, authorize_operation
@@ -61,6 +62,7 @@ DEFAULT_STREAM_POLL_SECONDS = 1.0
 DEFAULT_STREAM_KEEPALIVE_SECONDS = 10.0
 DEFAULT_MAX_STREAMS = 4
 STREAMS_BUSY_RETRY_AFTER = 5  # seconds, for the 503 when every stream slot is taken
+DATABASE_RETRY_AFTER = 5  # seconds, for the 503 while the database is unreachable
 STREAM_RETRY_MS = 2000
 STREAM_BATCH = 200
 ACTIONS: dict[str, Callable[..., jobs.Outcome]] = {
@@ -123,9 +125,32 @@ def refused(request: HttpRequest, refusal: Refusal) -> HttpResponse:
     return response
 
 
+def database_unavailable(request: HttpRequest, exc: BaseException) -> HttpResponse:
+    """503 + Retry-After while the database cannot be reached: a client's retry will do.
+
+    A 500 would say the request is wrong or the server broken, and the
+    traceback of a refused connection tells nobody anything: one line is logged,
+    without it.
+    """
+    refusal = Refusal(
+        503,
+        "database_unavailable",
+        "the database cannot be reached right now; try again after Retry-After seconds",
+        headers={"Retry-After": str(DATABASE_RETRY_AFTER)},
+    )
+    response = problem(refusal)
+    log.warning(
+        "api request failed: database unreachable",
+        extra={"method": request.method, "path": request.path, "error": describe(exc)},
+    )
+    response._has_been_logged = True  # type: ignore[attr-defined]  # see refused()
+    return response
+
+
 def endpoint(scopes: dict[str, str | None]) -> Callable:
     """Wrap a view: method check, bearer authentication for the method's scope,
-    Refusals rendered as problem+json, and responses never cached.
+    Refusals rendered as problem+json, an unreachable database as a 503, and
+    responses never cached.
 
     ``scopes`` maps each allowed method to the scope it needs (None: public).
     The view is called as ``view(request, client, **kwargs)``.
@@ -147,6 +172,10 @@ def endpoint(scopes: dict[str, str | None]) -> Callable:
                 response = view(request, client, **kwargs)
             except Refusal as refusal:
                 response = refused(request, refusal)
+            except (OperationalError, InterfaceError) as exc:
+                if not is_unreachable(exc):
+                    raise
+                response = database_unavailable(request, exc)
             response["Cache-Control"] = "no-store"
             return response
 

@@ -137,9 +137,16 @@ def _count_security_separately(values: dict[str, Any]) -> SecurityEvent | None:
 
     def run() -> None:
         try:
-            with connection.cursor() as cursor:  # this thread's connection, not the caller's
-                cursor.execute(f"SET lock_timeout = '{SEPARATE_LOCK_TIMEOUT}'")
-            outcome.append(_count_security_logged(values))
+            # This thread's connection, not the caller's. The lock timeout is the
+            # transaction's own (set_config(..., true)), not the session's: behind a
+            # pooler in transaction mode a session setting would stay on a server
+            # connection that other clients get next.
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT set_config('lock_timeout', %s, true)", [SEPARATE_LOCK_TIMEOUT]
+                    )
+                outcome.append(_count_security_logged(values))
         except Exception:
             log.exception("could not record a security event on its own connection")
         finally:

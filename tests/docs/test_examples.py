@@ -26,7 +26,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from durable import operations, tracing
+from durable import checks, conf, operations, tracing
 from durable.http import client as http_client
 from durable.jobs import enqueue
 from durable.models import Job, UnitResult
@@ -81,6 +81,7 @@ RUN_BY = {
         f"{TASKS}::test_enqueue_on_commit_example"
     ),
     ("docs/how-to/monitor.md", "provider = TracerProvider("): f"{HERE}::test_tracing_example",
+    ("docs/how-to/run-workers.md", "DURABLE_LISTEN_URL ="): f"{HERE}::test_pgbouncer_settings",
     ("docs/how-to/embed-in-your-site.md", "INSTALLED_APPS +="): WHEEL,
     ("docs/how-to/embed-in-your-site.md", "urlpatterns +="): WHEEL,
     ("docs/how-to/write-a-django-task.md", "def import_account"): (
@@ -423,3 +424,18 @@ def test_tracing_example() -> None:
         if "provider" in namespace:
             namespace["provider"].shutdown()
         traces.uninstall()
+
+
+def test_pgbouncer_settings() -> None:
+    """The "Behind PgBouncer" settings pass the system checks; without the cursors line
+    they would not (and tests/integration/test_pgbouncer.py runs workers so configured)."""
+    namespace = find("docs/how-to/run-workers.md", "DURABLE_LISTEN_URL =").run()
+    site = SimpleNamespace(
+        BASE_DIR="/srv/app", **{k: v for k, v in namespace.items() if k.isupper()}
+    )
+    conf.apply_defaults(site, conf.DEFAULTS, conf.DERIVED)
+    assert site.DURABLE_LISTEN_URL.startswith("postgres://")
+    assert checks.settings_problems(site, tasks_framework=True) == []
+    del site.DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"]
+    found = checks.settings_problems(site, tasks_framework=True)
+    assert [m.id for m in found] == ["durable.W001"]

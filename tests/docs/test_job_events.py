@@ -14,7 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "reference" / "job-states.md"
-ENGINE = ("durable/jobs.py", "durable/lease.py", "durable/rescue.py", "durable/worker.py")
+WORKER = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "durable" / "worker").glob("*.py"))
+ENGINE = ("durable/jobs.py", "durable/lease.py", "durable/rescue.py", *WORKER)
 PATTERNS = (
     # ("kind", message, {data}) handed to add_events / _save: the third item (a dict or
     # a name) tells it from any tuple of strings, such as a list of field names.

@@ -1,8 +1,14 @@
-"""Run jobs in the test's own thread and connection, so ordinary transactional tests work."""
+"""Helpers in the test's own thread and connection: run jobs there, lose its database."""
 
 from __future__ import annotations
 
+import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from django.db import connections
 
 from durable.lease import claim
 from durable.models import Job
@@ -29,3 +35,30 @@ def drain(
             return job
         time.sleep(0.01)  # waiting out a short backoff
     raise AssertionError(f"job {job_id} did not settle within {timeout}s")
+
+
+@contextmanager
+def unreachable_database(alias: str = "default") -> Iterator[None]:
+    """This thread's connection to ``alias`` points where no database answers, then back.
+
+    A real failure to connect, not a mock: PostgreSQL at a loopback port nothing
+    listens on (refused at once), SQLite at a file in a directory that does not
+    exist (SQLITE_CANTOPEN). Needs ``django_db(transaction=True)``: the test's
+    own transaction would be lost with the connection.
+    """
+    conn = connections[alias]
+    saved = dict(conn.settings_dict)
+    conn.close()
+    if conn.vendor == "sqlite":
+        conn.settings_dict["NAME"] = str(Path(saved["NAME"]).parent / "gone" / "db.sqlite3")
+    else:
+        with socket.socket() as probe:  # a free port, closed again: connecting is refused
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        conn.settings_dict.update(HOST="127.0.0.1", PORT=port)
+    try:
+        yield
+    finally:
+        conn.close()
+        conn.settings_dict.clear()
+        conn.settings_dict.update(saved)

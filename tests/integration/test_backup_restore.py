@@ -39,9 +39,10 @@ from durable.builtin.models import Announcement
 from durable.builtin.restore import RestoreForm
 from durable.builtin.tables import TableDigest, row_bytes
 from durable.errors import InputRejected, LeaseLost
-from durable.lease import claim, commit_unit, settle
+from durable.lease import claim, commit_unit
 from durable.models import Job
 from durable.operations import JobContext, Unit, get_operation
+from durable.transitions import settle
 from tests.conftest import BASE_DIR, wait_until
 from tests.opsapp.models import Node, RecordedEvent, Sample, Tag
 

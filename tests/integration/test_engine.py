@@ -10,7 +10,7 @@ import pytest
 from django.test import TestCase
 from django.utils import timezone
 
-from durable import jobs, lease, rescue, signals
+from durable import jobs, lease, rescue, signals, transitions
 from durable.errors import InputRejected, LeaseLost, UnknownOperation
 from durable.models import Job, JobEvent, UnitResult, WorkerProcess
 from durable.operations import get_operation
@@ -115,7 +115,7 @@ def test_claim__skips_jobs_not_yet_due_other_queues_and_unknown_operations():
 def test_claim__increments_the_epoch_and_logs_who_took_it():
     job = jobs.enqueue("test.rows", {})
     first, _ = lease.claim("w1", queues=["default"], operations=["test.rows"], lease_seconds=30)
-    lease.release(first)
+    transitions.release(first)
     second, claimed = lease.claim(
         "w2", queues=["default"], operations=["test.rows"], lease_seconds=30
     )
@@ -182,11 +182,11 @@ def test_fencing__a_worker_that_lost_its_lease_cannot_touch_the_job():
     with pytest.raises(LeaseLost):
         lease.commit_unit(stale, key="u0", result=None, checkpoint={"next": 1}, units_total=3)
     assert lease.renew(stale, 30) is None
-    for settle in (lease.complete, lease.release, lease.settle):
+    for settle in (transitions.complete, transitions.release, transitions.settle):
         with pytest.raises(LeaseLost):
             settle(stale)
     with pytest.raises(LeaseLost):
-        lease.record_failure(stale, {"error_class": "X", "message": "m"}, retry_at=None)
+        transitions.record_failure(stale, {"error_class": "X", "message": "m"}, retry_at=None)
     after = Job.objects.get(pk=job.pk)
     assert (after.checkpoint, after.units_done, after.state, after.event_seq) == (
         before.checkpoint,
@@ -212,11 +212,11 @@ def test_renewal__a_job_that_just_completed_is_not_reported_as_a_lost_lease(capl
     worker = Worker(worker_id="w")
     ctx = JobContext(job.pk, "test.rows", {}, None, 1, "w", held.epoch)
     execution = Execution(held, ctx, get_operation("test.rows"))
-    worker._executions[job.pk] = execution
+    worker.executions.add(execution)
     execution.finishing = True  # what execute() sets just before it calls complete()
-    lease.complete(held)
+    transitions.complete(held)
     caplog.set_level("WARNING", logger="durable.worker")
-    worker._renew_all()
+    worker.renewer.renew_all()
     assert not execution.lost
     assert not ctx.should_stop()
     assert "lease lost" not in caplog.text
@@ -357,7 +357,7 @@ def test_stopping__a_unit_stopping_early_after_a_pause_leaves_the_job_paused(tmp
         while not out.exists():
             time.sleep(0.01)
         assert jobs.pause(job.pk, actor="ops").applied
-        worker._renew_all()  # one round of the renewal thread: sees "paused"
+        worker.renewer.renew_all()  # one round of the renewal thread: sees "paused"
         connection.close()
 
     helper = threading.Thread(target=operator_pauses_then_renewal_notices)
@@ -391,10 +391,10 @@ def test_gate__a_turn_away_after_real_progress_is_recorded_on_its_own():
     held, _ = lease.claim("w", queues=["default"], operations=["test.gated"], lease_seconds=30)
     entry = {"error_class": "GateClosed", "message": "closed"}
     now = timezone.now()
-    lease.record_failure(held, entry, retry_at=now, consume_attempt=False, coalesce=True)
+    transitions.record_failure(held, entry, retry_at=now, consume_attempt=False, coalesce=True)
     held, _ = lease.claim("w", queues=["default"], operations=["test.gated"], lease_seconds=30)
     # This lease committed a unit: its started event stays, the turn-away gets its own.
-    lease.record_failure(held, entry, retry_at=now, consume_attempt=False, coalesce=False)
+    transitions.record_failure(held, entry, retry_at=now, consume_attempt=False, coalesce=False)
     assert kinds(job) == ["enqueued", "started", "rescheduled", "started", "rescheduled"]
 
 
@@ -403,7 +403,7 @@ def test_failure__while_cancelling_keeps_its_error_and_attempt():
     held, _ = lease.claim("w", queues=["default"], operations=["test.rows"], lease_seconds=30)
     assert jobs.cancel(job.pk, actor="ops").state == "cancelling"
     entry = {"error_class": "RuntimeError", "message": "boom", "attempt": 1}
-    lease.record_failure(held, entry, retry_at=timezone.now())
+    transitions.record_failure(held, entry, retry_at=timezone.now())
     job.refresh_from_db()
     assert (job.state, job.attempts, job.last_error_class) == ("cancelled", 1, "RuntimeError")
     assert job.errors == [entry]

@@ -13,7 +13,9 @@ the code of their time inside functions, by design) fails on
 - an import of a project module inside a function (``AppConfig.ready()``
   excepted: Django asks for that one), which is how a cycle is papered over;
 - a project module importing an old path kept only for code outside the project;
-- a dashboard view module importing another (each page stands alone).
+- a dashboard view module importing another (each page stands alone);
+- a module that writes jobs asking which database it runs on: their SQL is
+  ``durable.sql``'s, one module per vendor behind one interface.
 
 Importing ``a.b.c`` runs the ``__init__`` of ``a.b`` first, so the scan counts an
 edge to every package on the way that the importer is not itself inside: a
@@ -49,11 +51,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "rules",  # pure decisions and the shared vocabulary (errors, signals): no ORM, no I/O
         (
             "durable.rules", "durable.states", "durable.policy", "durable.errors",
-            "durable.signals", "durable.sanitize", "durable.clientip", "durable.*.policy",
+            "durable.signals", "durable.sanitize", "durable.clientip", "durable.outage",
+            "durable.*.policy",
             "durable.http.addresses", "durable.http.errors",
             "durable.api.errors", "durable.api.parse", "durable.api.tokens",
             "durable.builtin.derived", "durable.builtin.inventory", "durable.builtin.manifest",
-            "durable.schedules.timing", "durable.tasks.compat",
+            "durable.schedules.timing", "durable.tasks.compat", "durable.endings",
             # package __init__ modules that import nothing
             "durable", "durable.api", "durable.builtin", "durable.http", "durable.mail",
             "durable.webhooks", "durable.schedules", "durable.management",
@@ -87,6 +90,10 @@ RANK = {name: rank for rank, (name, _) in enumerate(LAYERS)}
 RANK["worker"] = RANK["operations"]
 
 # The dashboard modules urls.py routes to: the site's top, importing none of each other.
+# The modules that write jobs: their SQL comes from durable.sql, chosen once per vendor.
+VENDOR_BLIND = ("durable.lease", "durable.transitions", "durable.jobs", "durable.rescue")
+VENDOR_NAMES = frozenset({"postgresql", "sqlite", "mysql", "oracle"})
+
 VIEW_MODULES = frozenset(
     f"recovery.dashboard.{name}"
     for name in ("views", "console", "jobs", "job_actions", "job_bulk", "new_job", "record")
@@ -225,6 +232,22 @@ def may_import(importer: str, imported: str) -> bool:
     return RANK[imported] <= RANK[importer]
 
 
+def vendor_checks(source: str) -> list[tuple[int, str]]:
+    """(line, what) of each place ``source`` asks which database it runs on. Pure.
+
+    ``x.vendor``, a dialect's ``x.pg`` flag, or a vendor's name compared with something.
+    """
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in ("vendor", "pg"):
+            found.append((node.lineno, f".{node.attr}"))
+        elif isinstance(node, ast.Compare):
+            for side in (node.left, *node.comparators):
+                if isinstance(side, ast.Constant) and side.value in VENDOR_NAMES:
+                    found.append((node.lineno, repr(side.value)))
+    return sorted(found)
+
+
 # --- the scan's own rules, on small tables ------------------------------------------------
 
 
@@ -248,9 +271,13 @@ def test_cycles__finds_every_loop_and_only_loops(graph, expected):
         ("durable.models.jobs", "models"),
         ("durable.api.models", "models"),  # an old path, exact name before durable.api.*
         ("durable.lease", "engine"),  # the catch-all durable.*
+        ("durable.transitions", "engine"),
         ("durable.builtin.backup", "operations"),
         ("durable.builtin.derived", "rules"),  # an exact name before durable.builtin.*
+        ("durable.endings", "rules"),  # how a lease ends, decided: pure
+        ("durable.sql.postgresql", "engine"),  # a vendor's statements: the catch-all durable.*
         ("durable.worker", "worker"),
+        ("durable.worker.renewal", "worker"),  # the worker package's parts, not the engine's
         ("durable.api.views", "surfaces"),
         ("durable.api.parse", "rules"),
         ("recovery.dashboard.views", "site"),
@@ -307,6 +334,20 @@ def test_targets__every_module_an_import_runs(importer, source, expected):
     assert found == expected
 
 
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("pg = connection.vendor == 'postgresql'", [(1, "'postgresql'"), (1, ".vendor")]),
+        ("if d.pg:\n    pass", [(1, ".pg")]),  # the old dialect's flag
+        ("x = 'sqlite' if a else b", []),  # a name, not a question about the database
+        ("if name != 'sqlite':\n    pass", [(1, "'sqlite'")]),
+        ("statements(conn).renew(cursor, now, fenced, 30)", []),  # asks the SQL layer
+    ],
+)
+def test_vendor_checks__finds_a_question_about_the_database(source, expected):
+    assert vendor_checks(source) == expected
+
+
 def test_imports__tells_a_function_local_import():
     source = "import os\n\ndef f():\n    from . import a\n\nclass C:\n    def m(self):\n" + (
         "        import p.sub\n"
@@ -354,6 +395,19 @@ def test_no_module_imports_a_higher_layer():
     assert offenders == []
 
 
+def test_the_worker_package_is_one_layer_that_only_the_surfaces_import():
+    graph = project_graph()
+    parts = {module for module in graph if module.split(".")[:2] == ["durable", "worker"]}
+    assert len(parts) > 5  # the package and its modules, each named for what it does
+    assert {layer_of(module) for module in parts} == {"worker"}
+    importers = sorted(
+        f"{module} ({layer_of(module)})"
+        for module, found in graph.items()
+        if found & parts and module not in parts and layer_of(module) not in {"surfaces", "site"}
+    )
+    assert importers == []
+
+
 def test_no_module_imports_an_old_path():
     graph = project_graph()
     offenders = {module: sorted(found & LEGACY) for module, found in graph.items()}
@@ -364,6 +418,17 @@ def test_no_view_module_imports_another():
     graph = project_graph()
     offenders = {module: sorted(graph[module] & VIEW_MODULES) for module in VIEW_MODULES}
     assert {module: found for module, found in offenders.items() if found} == {}
+
+
+def test_no_job_writer_asks_which_database_it_runs_on():
+    modules = project_modules()
+    assert set(VENDOR_BLIND) <= set(modules)  # each still exists under its name
+    offenders = {
+        f"{modules[module].relative_to(BASE_DIR)}:{line}: {what}"
+        for module in VENDOR_BLIND
+        for line, what in vendor_checks(modules[module].read_text(encoding="utf-8"))
+    }
+    assert sorted(offenders) == []
 
 
 def test_no_function_imports_a_project_module():

@@ -69,6 +69,27 @@ def test_durable_checks__tasks_backend_needs_the_framework(framework, expected):
         assert "restart-safe[django52]" in found[0].hint
 
 
+PG = {"ENGINE": "django.db.backends.postgresql"}
+
+
+@pytest.mark.parametrize(
+    ("listen_url", "default", "expected"),
+    [
+        ("", PG, []),  # no pooler said: nothing to check
+        ("postgres://db:5432/app", PG, ["durable.W001"]),  # pooler, server-side cursors on
+        ("postgres://db:5432/app", {**PG, "DISABLE_SERVER_SIDE_CURSORS": True}, []),
+        ("postgres://db:5432/app", {"ENGINE": "django.db.backends.sqlite3"}, []),  # moot
+    ],
+)
+def test_durable_checks__behind_a_pooler_server_side_cursors_are_off(listen_url, default, expected):
+    site = SimpleNamespace(BASE_DIR=Path("/srv/site"))
+    conf.apply_defaults(site, conf.DEFAULTS, conf.DERIVED)
+    site.DURABLE_LISTEN_URL = listen_url
+    site.DATABASES = {"default": default}
+    found = durable_checks.settings_problems(site, tasks_framework=True)
+    assert [m.id for m in found] == expected
+
+
 def _recovery(site, *, installed=True, templates=True):
     return [
         m.id

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import TypedDict, cast
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -48,6 +49,21 @@ def valid_worker_id(text: str) -> str:
             f"{text!r}: a worker id is 1-{MAX_WORKER_ID_PREFIX} printable characters, no spaces"
         )
     return text
+
+
+class Options(TypedDict):
+    """The options ``add_arguments`` defines, as its parser hands them to ``handle``."""
+
+    concurrency: int
+    queues: list[str] | None
+    claim_batch: int | None
+    burst: bool
+    max_jobs: int | None
+    lease_seconds: float
+    poll_interval: float
+    grace_seconds: float
+    worker_id: str | None
+    operations: list[str] | None
 
 
 class Command(BaseCommand):
@@ -116,7 +132,8 @@ class Command(BaseCommand):
             help="only run these operations; repeatable (default: all registered)",
         )
 
-    def handle(self, *args: object, **options: object) -> None:
+    def handle(self, *args: object, **given: object) -> None:
+        options = cast(Options, given)  # argparse's values, typed once in Options
         errors = [m for m in check_settings() if m.is_serious()]
         if errors:
             raise CommandError("; ".join(f"{m.id}: {m.msg} {m.hint or ''}".strip() for m in errors))

@@ -1,0 +1,260 @@
+"""What the engine asks of a database, by name: the interface each vendor's module fills in.
+
+``durable.lease``, ``durable.jobs`` and ``durable.rescue`` call these methods
+and never look at the vendor; ``durable.sql.statements()`` picks the vendor's
+class once per process. A method runs its vendor's named statements on the
+cursor it is given (one statement on PostgreSQL where SQLite needs two or
+three) or returns a statement with its parameters for the caller to run.
+
+Two placeholders are in use. Statements for Django's cursor take ``%s``; the
+hot path (claims, unit commits, the last unit's commit) runs on the driver's
+own cursor (``conn.connection.cursor()``), whose placeholder is ``%s`` for
+psycopg and ``?`` for sqlite3. Each statement says which cursor it is for.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, ClassVar, Protocol, TypeVar
+
+from django.db import DEFAULT_DB_ALIAS
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Field
+
+from ..models import Job, JobEvent, PausedQueue, UnitResult
+from ..states import LEASED_STATES
+
+BUSY = "busy"  # renew_unless_busy: the row is locked; the lease is still ours
+
+# A row as a driver returns it: its values are whatever the columns hold.
+Row = tuple[Any, ...]
+T = TypeVar("T")
+
+
+class Cursor(Protocol):
+    """The part of a DB-API cursor (or Django's wrapper of one) the statements use."""
+
+    def execute(self, sql: str, params: Sequence[Any] = ..., /) -> object: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> Any: ...
+
+
+def quote(name: str) -> str:
+    """A table or column name as both vendors quote it (Django's ``quote_name``)."""
+    return f'"{name}"'
+
+
+def placeholders(values: Sequence[object]) -> str:
+    return ", ".join(["%s"] * len(values))
+
+
+# The tables, quoted once: the statements of both vendors are built from these.
+JOB = quote(Job._meta.db_table)
+EVENTS = quote(JobEvent._meta.db_table)
+RESULTS = quote(UnitResult._meta.db_table)
+PAUSED = quote(PausedQueue._meta.db_table)
+# The states in which a worker holds a lease, as an SQL list: every fenced write's condition.
+LEASED = ", ".join(f"'{state}'" for state in sorted(str(state) for state in LEASED_STATES))
+# The claim returns whole rows; these columns, in the model's order, make them Jobs again.
+JOB_FIELDS: list[Field[Any, Any]] = list(Job._meta.concrete_fields)
+JOB_COLUMNS = ", ".join(quote(field.column) for field in JOB_FIELDS)
+JOB_ATTNAMES = [field.attname for field in JOB_FIELDS]
+# Where a column's value sits in a claimed row.
+COLUMN_INDEX = {name: n for n, name in enumerate(JOB_ATTNAMES)}
+# enqueue: the columns every job of one INSERT shares (the input and unique key vary).
+SHARED_FIELDS: list[Field[Any, Any]] = [
+    field for field in JOB_FIELDS if field.name not in ("id", "input", "unique_key")
+]
+SHARED_COLUMNS = ", ".join(quote(field.column) for field in SHARED_FIELDS)
+ORDER = "ORDER BY priority DESC, next_attempt_at, id"  # the claim's order, durable_job_due's
+
+
+class Statements(ABC):
+    """The engine's SQL for one vendor; ``durable.sql.statements()`` gives the one in use."""
+
+    vendor: ClassVar[str]
+    # A job is not claimed from a paused queue (durable.queues): one more condition of the
+    # pick, so no query per claim. Each vendor words it as its planner reads it best.
+    queue_not_paused: ClassVar[str]
+    # The unit commit's two statements, for the driver's cursor inside a transaction the
+    # caller holds (an atomic unit, or a commit with events to number):
+    #   commit_unit_sql: [checkpoint JSON, units_total, now, events, *extend, *fenced]
+    #     RETURNING state, event_seq; ``extend`` is ``commit_params``' lease extension
+    #   insert_result_sql: [job_id, key, result JSON, now]
+    commit_unit_sql: ClassVar[str]
+    insert_result_sql: ClassVar[str]
+
+    def __init__(self) -> None:
+        self._converters: list[tuple[Any, list[Any]]] | None = None
+
+    # --- claim --------------------------------------------------------------------
+
+    def _pick_filters(
+        self,
+        queues: Sequence[str],
+        operations: Sequence[str],
+        job_id: int | None,
+        *,
+        per_queue: bool,
+    ) -> tuple[list[str], list[Any]]:
+        """The pick's conditions after "queued and due": which job, queues, operations."""
+        where: list[str] = []
+        params: list[Any] = []
+        if job_id is not None:
+            where.append("id = %s")
+            params.append(job_id)
+        else:
+            if per_queue:
+                where.append("queue = q.name")
+            else:
+                where.append(f"queue IN ({placeholders(queues)})")
+                params.extend(queues)
+            where.append(self.queue_not_paused)  # a paused queue is not claimed from
+        where.append(f"operation IN ({placeholders(operations)})")
+        params.extend(operations)
+        return where, params
+
+    @abstractmethod
+    def pick(
+        self,
+        now: datetime | None,
+        *,
+        queues: Sequence[str],
+        operations: Sequence[str],
+        job_id: int | None = None,
+        lock: bool = True,
+        limit: int = 1,
+    ) -> tuple[str, list[Any]]:
+        """The SELECT of the next ``limit`` due jobs' ids (Django's placeholders).
+
+        ``lock=False``: a plain read (the wake-up's "is anything due?").
+        """
+
+    @abstractmethod
+    def claim(
+        self,
+        now: datetime,
+        *,
+        owner: str,
+        queues: Sequence[str],
+        operations: Sequence[str],
+        lease_seconds: float,
+        job_id: int | None = None,
+        count: int = 1,
+    ) -> tuple[str, list[Any]]:
+        """The claim's UPDATE with its parameters (Django's placeholders), ``now`` read
+        under the lock. Its rows are whole jobs, each followed by ``has_results``."""
+
+    @abstractmethod
+    def claim_rows(
+        self,
+        cursor: Cursor,
+        now: datetime,
+        *,
+        owner: str,
+        queues: Sequence[str],
+        operations: Sequence[str],
+        lease_seconds: float,
+        job_id: int | None,
+        count: int,
+        driver: bool,
+    ) -> list[Row]:
+        """Claim: the claimed rows (see ``claim``) with their ``started`` events written.
+
+        ``driver``: ``cursor`` is the driver's own, not Django's.
+        """
+
+    def job_from_row(self, conn: BaseDatabaseWrapper, row: Row) -> Job:
+        """A claimed row (``JOB_COLUMNS``) as the Job the ORM would have read."""
+        if self._converters is None:
+            converters = []
+            for field in JOB_FIELDS:
+                col = field.get_col(Job._meta.db_table)
+                found = conn.ops.get_db_converters(col) + col.get_db_converters(conn)
+                converters.append((col, found))
+            self._converters = converters
+        values = []
+        for value, (col, found) in zip(row, self._converters, strict=True):
+            for convert in found:
+                value = convert(value, col, conn)
+            values.append(value)
+        return Job.from_db(DEFAULT_DB_ALIAS, JOB_ATTNAMES, values)
+
+    # --- one transaction on the driver's cursor -------------------------------------
+
+    @abstractmethod
+    def write(self, conn: BaseDatabaseWrapper, run: Callable[[Cursor], T | None]) -> T | None:
+        """``run(cursor)`` on the driver's cursor as one transaction, Django's connection
+        being in autocommit mode; ``run`` returning None rolls it back (a lost lease).
+
+        Errors come out as Django's database exceptions.
+        """
+
+    # --- renewal -----------------------------------------------------------------
+
+    @abstractmethod
+    def renew(
+        self, cursor: Cursor, now: datetime, fenced: Sequence[Any], seconds: float
+    ) -> str | None:
+        """Extend the lease ``fenced`` (id, owner, epoch) by ``seconds`` from ``now`` (read
+        under the lock); the job's state, or None when the lease is gone. Django's cursor."""
+
+    @abstractmethod
+    def renew_unless_busy(
+        self, cursor: Cursor, now: datetime, fenced: Sequence[Any], seconds: float
+    ) -> str | None:
+        """``renew``, but ``BUSY`` instead of waiting when the row is locked."""
+
+    # --- unit commits --------------------------------------------------------------
+
+    @abstractmethod
+    def timestamp(self, conn: BaseDatabaseWrapper, moment: datetime) -> Any:
+        """``moment`` as the driver's cursor takes a timestamp."""
+
+    @abstractmethod
+    def commit_params(
+        self,
+        conn: BaseDatabaseWrapper,
+        moment: datetime,
+        fixed: tuple[str, int | None, int],
+        fenced: Sequence[Any],
+        lease_seconds: float | None,
+    ) -> tuple[list[Any], Any]:
+        """``commit_unit_sql``'s parameters and the commit's timestamp, from ``moment``
+        (read under the lock). ``fixed``: checkpoint JSON, units_total, number of events.
+        ``lease_seconds`` None keeps the lease's expiry as it is."""
+
+    @abstractmethod
+    def commit_unit(self, cursor: Cursor, params: list[Any], result: list[Any]) -> Row | None:
+        """The unit commit when it is a transaction of its own: ``commit_unit_sql`` and
+        ``insert_result_sql``'s writes. ``result``: [key, result JSON, now]. Returns
+        (state, event_seq), or None for a lost lease (then nothing is written)."""
+
+    @abstractmethod
+    def finish_unit(self, cursor: Cursor, params: list[Any], result: list[Any]) -> Row | None:
+        """The last unit's commit, which also ends the job: checkpoint, unit result, the
+        state ``complete()`` would leave and its event (``durable.endings.finished``).
+
+        ``params``: [checkpoint JSON, units_total, now, now, *fenced]; ``result``:
+        [key, result JSON, now]. Returns (state, event_seq, units_done), or None for
+        a lost lease. Reaches the fault point ``finish_before_commit``.
+        """
+
+    # --- enqueue, worker registration ---------------------------------------------------
+
+    @abstractmethod
+    def insert_jobs(
+        self, cursor: Cursor, *, values: list[Any], payload: str, facts: str, created: Any
+    ) -> list[int]:
+        """Insert one job per element of ``payload`` (a JSON array of [input, unique_key])
+        sharing ``values`` (``SHARED_FIELDS``), with their ``enqueued`` events carrying
+        ``facts``; the new ids, in the array's order. Django's cursor."""
+
+    @abstractmethod
+    def serialize_registration(self, conn: BaseDatabaseWrapper) -> None:
+        """Inside a transaction: wait until no other worker is registering (so that of
+        several workers starting together exactly one sees a cold start)."""
