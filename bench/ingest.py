@@ -17,6 +17,13 @@
    time within 2x of the small file's (only new bytes are read).
 3. Prints the query plans and times of the Recovery report's first pages on
    the imported rows (newest first, Done, Failed, Deleted, a keyset page).
+
+In the same run, the same rows (parsed beforehand, not timed) are bulk-inserted
+into an unindexed table of the events' shape, as fast as the database takes
+them: ``COPY`` on PostgreSQL, one ``executemany`` transaction on SQLite. Then
+``ratio_to_raw=R`` is the import's rate (with everything the Recovery report
+needs: search index and day counts — on SQLite the deferred search index job
+counts in its time) over that raw rate. Target: R >= 0.33.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from datetime import UTC
 from pathlib import Path
 
 from _setup import BASE_DIR, configure
@@ -96,6 +104,87 @@ def catch_up_search_index() -> tuple[int, float] | None:
     if job.state != "completed" or sql.pending(connection):
         raise SystemExit(f"search index job {job.pk} ended {job.state}: {job.reason}")
     return waiting, elapsed
+
+
+RAW_TABLE = "bench_raw_events"
+
+
+def raw_rows(path: Path) -> tuple[list[str], list[tuple]]:
+    """The rows the ingest inserts for ``path``'s lines: (columns, rows), parsed here."""
+    import json
+
+    from django.db import connection
+    from django.utils import timezone
+
+    from recovery.parsing import parse_chunk
+
+    now = timezone.now()
+    sqlite = connection.vendor == "sqlite"
+    recorded = connection.ops.adapt_datetimefield_value(now) if sqlite else now
+    columns = [
+        "type", "severity", "source", "db", "detail", "done", "deleted_data", "user_id",
+        "username", "ipv4", "ipv6", "object_ids", "object_titles", "object_count", "ts",
+        "recorded_at", "source_line", "operation", "reason", "reclaimed",
+    ]  # fmt: skip
+    chunk = parse_chunk(path.read_bytes(), offset=0, crc=0, max_lines=10**9)
+    rows = []
+    for offset, crc, event in chunk.events:
+        ts = event[14]
+        if sqlite and ts is not None:
+            ts = str(ts.astimezone(UTC))[:-6]
+        ids = json.dumps(list(event[11])) if event[11] else None
+        titles = json.dumps(list(event[12])) if event[12] else None
+        key = f"raw:{offset:012x}:{crc:08x}"
+        rows.append((*event[:11], ids, titles, event[13], ts, recorded, key, "", "", False))
+    return columns, rows
+
+
+def raw_bulk_insert(path: Path) -> tuple[int, float]:
+    """(rows, seconds): the same rows into an unindexed table, as fast as the database can.
+
+    The baseline of ``ratio_to_raw``: no keys, no indexes, no triggers, one
+    transaction; ``COPY`` on PostgreSQL, ``executemany`` on SQLite.
+    """
+    from django.db import connection, transaction
+
+    columns, rows = raw_rows(path)
+    names = ", ".join(columns)
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE IF EXISTS {RAW_TABLE}")
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"CREATE TABLE {RAW_TABLE} (LIKE recovery_recoveryevent "
+                "INCLUDING DEFAULTS INCLUDING IDENTITY)"
+            )
+        else:
+            cursor.execute(f"CREATE TABLE {RAW_TABLE} AS SELECT * FROM recovery_recoveryevent "
+                           "WHERE 0")  # fmt: skip
+    connection.ensure_connection()
+    raw = connection.connection
+    try:
+        started = time.perf_counter()
+        if connection.vendor == "postgresql":
+            import psycopg
+
+            statement = f"COPY {RAW_TABLE} ({names}) FROM STDIN"
+            with (
+                transaction.atomic(),
+                psycopg.Cursor(raw) as cursor,
+                cursor.copy(statement) as copy,
+            ):
+                for row in rows:
+                    copy.write_row(row)
+        else:
+            cursor = raw.cursor()
+            marks = ", ".join("?" * len(columns))
+            with transaction.atomic():
+                cursor.executemany(f"INSERT INTO {RAW_TABLE} ({names}) VALUES ({marks})", rows)
+            cursor.close()
+        elapsed = time.perf_counter() - started
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TABLE IF EXISTS {RAW_TABLE}")
+    return len(rows), elapsed
 
 
 def append_rounds(path: Path, first: int, count: int, rounds: int) -> tuple[list[float], int]:
@@ -217,6 +306,18 @@ def main() -> None:
             print(
                 f"import and search index together: {both:.2f} s = {args.lines / both:,.0f} lines/s"
             )
+            elapsed = both
+        rows, raw_seconds = raw_bulk_insert(big)
+        how = "COPY" if connection.vendor == "postgresql" else "one executemany transaction"
+        print(
+            f"raw bulk insert of the same {rows:,} rows into an unindexed table ({how}): "
+            f"{raw_seconds:.2f} s = {rows / raw_seconds:,.0f} rows/s"
+        )
+        ratio = (summary["imported"] / elapsed) / (rows / raw_seconds)
+        print(
+            f"ratio_to_raw={ratio:.2f} (the import with search index and day counts, "
+            "over the raw insert; target >= 0.33)"
+        )
 
         ingest(small)
         big_times, more = append_rounds(big, args.lines, args.append, args.rounds)

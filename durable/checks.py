@@ -14,6 +14,8 @@ from typing import Any
 
 from django.core import checks
 
+from .pacing import MAX_TARGET_SECONDS, MIN_TARGET_SECONDS
+
 BACKEND = "durable.tasks.DurableBackend"
 BACKPORT_HINT = (
     'On Django 5.2 install the django-tasks backport: pip install "restart-safe[django52]" '
@@ -53,6 +55,7 @@ def settings_problems(settings: Any, *, tasks_framework: bool) -> list[checks.Ch
             )
         )
     found.extend(pooler_problems(settings))
+    found += _unit_target_problems(settings)
     return found
 
 
@@ -75,6 +78,25 @@ def pooler_problems(settings: Any) -> list[checks.CheckMessage]:
             "cursors, which such a pooler cannot keep between statements.",
             hint="Add 'DISABLE_SERVER_SIDE_CURSORS': True to DATABASES['default'].",
             id="durable.W001",
+        )
+    ]
+
+
+def _unit_target_problems(settings: Any) -> list[checks.CheckMessage]:
+    value = getattr(settings, "DURABLE_UNIT_TARGET_SECONDS", None)
+    if value is None:
+        return []  # not a site's settings (a partial namespace in a test): nothing to say
+    number = not isinstance(value, bool) and isinstance(value, int | float)
+    if number and MIN_TARGET_SECONDS <= value <= MAX_TARGET_SECONDS:
+        return []
+    return [
+        checks.Error(
+            f"DURABLE_UNIT_TARGET_SECONDS is {value!r}; it must be a number of seconds from "
+            f"{MIN_TARGET_SECONDS} to {MAX_TARGET_SECONDS:g}.",
+            hint="Each unit of a batching operation aims at this much work: shorter units "
+            "commit more often (a worker that lives one second still makes progress), longer "
+            "ones spend less on commits. The default is 0.4.",
+            id="durable.E003",
         )
     ]
 

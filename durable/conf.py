@@ -28,6 +28,8 @@ DEFAULTS: dict[str, Any] = {
     # PostgreSQL: a libpq URL for the wake-up listener's own connection, bypassing a
     # pooler in transaction mode; "": the default database's (docs: run-workers.md).
     "DURABLE_LISTEN_URL": "",
+    # Seconds of work a batching operation aims each unit at (durable.pacing).
+    "DURABLE_UNIT_TARGET_SECONDS": 0.4,
     # Jobs.
     "DURABLE_MAX_INPUT_BYTES": 64 * 1024,
     "DURABLE_TRACING": True,

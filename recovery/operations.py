@@ -40,6 +40,7 @@ from django.utils import timezone
 from durable.errors import InputRejected, NonRetryable, RetryLater, Unavailable
 from durable.models import UnitResult
 from durable.operations import Access, JobContext, Operation, Unit, register
+from durable.pacing import Pacer
 
 # The site's other operations, registered on import (autodiscovery imports this module only).
 from .dashboard.bulk import BulkAction  # noqa: F401 - registers recovery.bulk_action
@@ -92,6 +93,14 @@ def _int_in(data: dict, name: str, default: int, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise InputRejected(name, f"must be a whole number from {low:,} to {high:,}")
     return value
+
+
+def _units_left(pacer: Pacer, chunk: Chunk, end: int) -> int:
+    """About how many units the bytes after ``chunk`` take at the pace: the progress bar's."""
+    if chunk.lines < 1 or chunk.end <= chunk.offset:
+        return 1
+    bytes_per_line = (chunk.end - chunk.offset) / chunk.lines
+    return pacer.units_for(int((end - chunk.end) / bytes_per_line))
 
 
 def job_summary(job_id: int) -> dict[str, Any]:
@@ -158,7 +167,10 @@ class IngestRecoveryEvents(Operation):
 
     def units(self, ctx: JobContext) -> Iterator[Unit]:
         path = ctx.input["path"]
-        limits = {"batch_bytes": ctx.input["batch_bytes"], "batch_lines": ctx.input["batch_lines"]}
+        # Lines per unit from the rate measured, aiming at DURABLE_UNIT_TARGET_SECONDS:
+        # batch_lines and batch_bytes stay the upper bounds; small first after a claim.
+        pacer = Pacer(cap=ctx.input["batch_lines"])
+        limits = {"batch_bytes": ctx.input["batch_bytes"], "batch_lines": pacer.size}
         try:
             handle = OpenFile.open(path)
         except PermissionError as exc:
@@ -186,7 +198,9 @@ class IngestRecoveryEvents(Operation):
                 old = find_rotated(path, expected, known=is_followed)
                 if old is not None:
                     with old:
-                        expected = yield from self._drain(stage, previous.pk, expected, old, limits)
+                        expected = yield from self._drain(
+                            stage, previous.pk, expected, old, limits, pacer
+                        )
                     drained = old.path
                 if cursor is None:
                     probe = handle.probe(expected)
@@ -210,14 +224,18 @@ class IngestRecoveryEvents(Operation):
                 copy = find_rotated(path, expected, known=is_followed)
                 if copy is not None:
                     with copy:
-                        expected = yield from self._drain(stage, cursor.pk, expected, copy, limits)
+                        expected = yield from self._drain(
+                            stage, cursor.pk, expected, copy, limits, pacer
+                        )
                     drained, probe = copy.path, handle.probe(expected)
             plan = plan_start(expected, probe, drained=drained)
             note = "; ".join(filter(None, [note, plan.note]))
             moved = False
             for chunk, after in handle.chunks(plan.start, end=handle.size, **limits):
                 yield stage(cursor.pk, expected, after, chunk=chunk, note=note, path=path)
+                pacer.done(chunk.lines)
                 expected, note, moved = after, "", True
+                ctx.set_total(ctx.units_done + 1 + _units_left(pacer, chunk, handle.size))
             if not moved and expected != plan.start:
                 # A new generation with no complete line yet: remember it anyway, so
                 # the next run neither looks for a copy again nor misses the change.
@@ -240,7 +258,13 @@ class IngestRecoveryEvents(Operation):
                     del _pending[key]
 
     def _drain(
-        self, stage: Any, cursor_id: int, expected: Position, old: OpenFile, limits: dict
+        self,
+        stage: Any,
+        cursor_id: int,
+        expected: Position,
+        old: OpenFile,
+        limits: dict,
+        pacer: Pacer,
     ) -> Generator[Unit, None, Position]:
         """Read the rest of a rotated file (or its copy) to its very end; the position reached.
 
@@ -252,6 +276,7 @@ class IngestRecoveryEvents(Operation):
         note = f"{how}: finishing {old.path}"
         for chunk, after in old.chunks(expected, end=old.size, final=True, **limits):
             yield stage(cursor_id, expected, after, chunk=chunk, note=note, path=old.path)
+            pacer.done(chunk.lines)
             expected, note = after, ""
         if old.file_id != expected.file_id:
             follow(old.path, replace(expected, file_id=old.file_id))

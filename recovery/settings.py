@@ -207,6 +207,8 @@ DURABLE_SQLITE_WAKE_INTERVAL = float(os.environ.get("DURABLE_SQLITE_WAKE_INTERVA
 # directly, for the workers' LISTEN (wake-ups); empty: the DATABASE_URL connection.
 DURABLE_LISTEN_URL = os.environ.get("DURABLE_LISTEN_URL", "")
 DURABLE_MAX_INPUT_BYTES = int(os.environ.get("DURABLE_MAX_INPUT_BYTES", str(64 * 1024)))
+# Seconds of work each unit of a batching operation (ingest, imports, copies) aims at.
+DURABLE_UNIT_TARGET_SECONDS = float(os.environ.get("DURABLE_UNIT_TARGET_SECONDS", "0.4"))
 # Spans of jobs, units and outbound HTTP calls when an OpenTelemetry SDK is configured.
 DURABLE_TRACING = env_bool("DURABLE_TRACING", True)
 

@@ -120,18 +120,20 @@ class OpenFile:
         *,
         end: int,
         batch_bytes: int,
-        batch_lines: int,
+        batch_lines: int | Callable[[], int],
         final: bool = False,
     ) -> Iterator[tuple[Chunk, Position]]:
         """Parse complete lines from ``start`` up to byte ``end``: (chunk, position after it).
 
-        A chunk covers at most ``batch_bytes`` bytes and ``batch_lines`` lines.
+        A chunk covers at most ``batch_bytes`` bytes and ``batch_lines`` lines
+        (a number, or a function asked before each chunk: ``Pacer.size``).
         An unfinished last line stays unread (unless ``final``).
         """
         if batch_bytes < MIN_BATCH_BYTES:
             raise ValueError(f"batch_bytes must be at least {MIN_BATCH_BYTES}")
         position = start
         while position.offset < end:
+            max_lines = batch_lines() if callable(batch_lines) else batch_lines
             data = self.read(min(batch_bytes, end - position.offset), position.offset)
             if not data:
                 return  # the file shrank under us; the next run sees why
@@ -141,7 +143,7 @@ class OpenFile:
                 offset=position.offset,
                 crc=position.crc,
                 skipping=position.skipping,
-                max_lines=batch_lines,
+                max_lines=max_lines,
                 final=final and at_end,
             )
             if chunk.consumed == 0:

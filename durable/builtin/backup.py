@@ -56,6 +56,7 @@ from .. import faults
 from ..errors import InputRejected, NonRetryable, Unavailable, VerificationFailed
 from ..models import Job, UnitResult
 from ..operations import Access, JobContext, Operation, Unit, register
+from ..pacing import Pacer
 from . import backupdir, inputs
 from .announce import announce
 from .manifest import MANIFEST, SUMS, build_manifest, format_sums, part_name
@@ -227,7 +228,7 @@ class BackupDatabase(Operation):
                     specs,
                     order,
                     self._source(ctx),
-                    ctx.input["batch_size"],
+                    Pacer(cap=ctx.input["batch_size"]),  # rows per part from the pace
                     table=checkpoint.get("table"),
                     after=checkpoint.get("after"),
                     index=checkpoint.get("part", 0),
@@ -252,6 +253,8 @@ class BackupDatabase(Operation):
                 raise self._refuse(
                     ctx, f"the site's tables changed during the backup ({exc}); start a new backup"
                 ) from None
+            # The total was an estimate (parts are sized as they go); now it is known.
+            ctx.set_total(ctx.units_done + 2)
             yield Unit(key="publish", checkpoint={"phase": "published"})
             phase = "published"
         if phase == "published":

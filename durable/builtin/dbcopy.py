@@ -61,6 +61,7 @@ from .. import faults
 from ..errors import InputRejected, NonRetryable
 from ..models import UnitResult
 from ..operations import Access, JobContext, Operation, Unit, register
+from ..pacing import Pacer
 from . import inputs
 from .derived import is_journal, rebuilds_after
 from .fence import fenced
@@ -171,7 +172,7 @@ class CopyDatabase(Operation):
                     specs,
                     ordered,
                     ctx.input["source"],
-                    ctx.input["batch_size"],
+                    Pacer(cap=ctx.input["batch_size"]),  # rows per unit from the pace
                     table=checkpoint.get("table"),
                     after=checkpoint.get("after"),
                     index=checkpoint.get("n", 0),
@@ -204,6 +205,7 @@ class CopyDatabase(Operation):
             # its reclaim event landed in the source after everything was verified.
             tails = checkpoint.get("tails", 0)
             while tails == 0 or self._journals_grew(ctx, specs, plan, tails):
+                ctx.set_total(ctx.units_done + 1)  # (estimated so far: units are paced)
                 yield Unit(
                     key=f"tail:{tails}", payload={"n": tails},
                     checkpoint={"phase": "tail", "tails": tails + 1},
@@ -222,9 +224,10 @@ class CopyDatabase(Operation):
             start, after, number = labels.index(table) + 1, None, 0
         else:
             start, after, number = labels.index(table), checkpoint.get("after"), checkpoint["n"]
+        pacer = Pacer(cap=ctx.input["batch_size"])  # rows per unit from the pace
         for label in labels[start:]:
             todo = batches(
-                specs, [label], ctx.input["source"], ctx.input["batch_size"],
+                specs, [label], ctx.input["source"], pacer,
                 table=label, after=after, index=number,
             )  # fmt: skip
             for batch in todo:
@@ -234,6 +237,11 @@ class CopyDatabase(Operation):
                     checkpoint={"phase": "verify", "table": label, "after": batch.upto,
                                 "n": batch.index + 1},
                 )  # fmt: skip
+            if label == labels[-1]:
+                # The total was an estimate (units are paced); now it is known, but for
+                # the journals' tail, which sets it again.
+                tail = any(is_journal(each) for each in labels)
+                ctx.set_total(ctx.units_done + 1 + int(tail))
             yield Unit(
                 key=f"verified:{label}",
                 payload={"table": label},

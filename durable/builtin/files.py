@@ -9,17 +9,21 @@ the copy), keeps the modification time between local storages, and verifies
 the copy: size and SHA-256 of the bytes now there, and the modification
 time. Only then is the copy published under its real name, **never over an
 existing file** (a hard link, which fails if the name exists; other storages:
-``save``, which picks another name rather than overwrite), the source
-deleted, and the temporary name removed. Every step is safe to repeat:
+``save``, which picks another name rather than overwrite), the temporary name
+removed, and the source deleted — in that order: once the source is gone the
+name is never listed again, so nothing would come back for a temporary name
+left after it. Every step is safe to repeat:
 
-- destination absent: copy to the temporary name, verify, publish, delete the
-  source, drop the temporary name;
+- destination absent: copy to the temporary name, verify, publish, drop the
+  temporary name, delete the source;
 - destination present and *ours* — the same file as our temporary name (a
-  crash between publishing and deleting the source): the modification time
-  is applied again and the copy verified again, then the source is deleted;
-  no second copy;
+  crash between publishing and dropping the temporary name): the
+  modification time is applied again and the copy verified again, then the
+  temporary name is dropped and the source deleted; no second copy;
 - destination present, not ours, with the source's bytes and modification
-  time: nothing would be lost, the source is deleted;
+  time (somebody else's copy, or ours after a crash between dropping the
+  temporary name and deleting the source): nothing would be lost, the
+  source is deleted;
 - destination present with anything else (other bytes, a shorter file, an
   empty file, the same bytes with another modification time): somebody
   else's file, never touched. The source is left in place and the unit
@@ -430,8 +434,11 @@ class MoveFiles(Operation):
                 raise VerificationFailed(f"{name}: the source changed while it was published")
             return {**result, **found}
         faults.reach("files.after_copy")
-        src.delete(name)
+        # The temporary name goes before the source: once the source is gone the
+        # file is never listed again, so no replay would come back to remove it.
         _discard(dst, tmp)
+        src.delete(name)
+        faults.reach("files.after_delete")
         return {**result, "outcome": "moved", "copied": True, "size": size, "sha256": sha}
 
     def _existing(
@@ -457,8 +464,8 @@ class MoveFiles(Operation):
             # check everything again before the source goes.
             _keep_mtime(src, dst, name, name)
             self._verify(ctx, src, dst, name, name, size, sha, remove=False)
+            _discard(dst, tmp)  # before the source, as in _move
             src.delete(name)
-            _discard(dst, tmp)
             return {"outcome": "moved", "copied": False, "size": size, "sha256": sha}
         _discard(dst, tmp)  # a copy of ours that never got published: the name was taken
         if same_bytes and _same_mtime(src, dst, name):
@@ -566,7 +573,8 @@ class MoveFiles(Operation):
         """Give the verified copy its real name, never replacing a file; False if it is taken.
 
         Local: a hard link (``link`` fails if the name exists; the temporary
-        name stays until the source is gone, as proof that the file is ours).
+        name stays until the copy is verified under its name and the source is
+        about to go, as proof that the file is ours).
         A file system without hard links: the name is reserved with
         ``O_EXCL`` and the copy renamed over the reservation. Another storage:
         ``save`` under the name, which picks another name rather than

@@ -52,6 +52,7 @@ from ..errors import InputRejected, NonRetryable, RetryLater, Unavailable
 from ..models import Job
 from ..models.builtin import Announcement, IntegrityScope, InventoryEntry
 from ..operations import JobContext, Operation, Unit, register
+from ..pacing import Pacer
 from . import inputs
 from .announce import announce
 from .inventory import (
@@ -75,7 +76,7 @@ MAX_BATCH_FILES = 10_000
 MAX_PAYLOAD_BYTES = 48 * 1024
 CHUNK = 1 << 20
 WAIT_FOR_OTHER_SCAN = timedelta(seconds=15)
-BLOCKS_PER_UNIT = 2048  # PostgreSQL heap pages per unit: 16 MiB at the default page size
+BLOCKS_PER_UNIT = 2048  # PostgreSQL heap pages per unit at most: 16 MiB at the default page size
 LISTED = 50
 FIELDS = ("target", "storage", "prefix", "database", "batch_files")
 
@@ -257,35 +258,38 @@ class IntegrityScan(Operation):
             return False
 
         keys = filter(usable, keys_after(self._listdir(ctx), ctx.input["prefix"], after))
-        while batch := take_batch(
-            keys, max_files=ctx.input["batch_files"], max_bytes=MAX_PAYLOAD_BYTES
-        ):
+        pacer = Pacer(cap=ctx.input["batch_files"])  # files per unit from the pace
+        while batch := take_batch(keys, max_files=pacer.size(), max_bytes=MAX_PAYLOAD_BYTES):
             yield Unit(
                 key=f"files:{number}",
                 payload={"keys": batch, "skipped": [ascii(key) for key in skipped[:LISTED]],
                          "skipped_count": len(skipped)},
                 checkpoint={"phase": "scan", "after": batch[-1], "n": number + 1},
             )  # fmt: skip
+            pacer.done(len(batch))
             skipped.clear()
             number += 1
 
     def _table_units(self, ctx: JobContext, checkpoint: dict[str, Any]) -> Iterator[Unit]:
         """Page ranges, then the table's own unit; resumed at (table, block) or after a table."""
         after, current = checkpoint.get("after"), checkpoint.get("table")
+        pacer = Pacer(cap=BLOCKS_PER_UNIT)  # heap pages per unit from the pace
         for table in self._tables(ctx):
             if after is not None and table <= after:
                 continue
             if current is not None and table < current:
                 continue
             blocks = self._blocks(ctx, table) or 0
-            start = checkpoint.get("block", 0) if table == current else 0
-            for first in range(start, blocks, BLOCKS_PER_UNIT):
-                end = min(first + BLOCKS_PER_UNIT, blocks)
+            first = checkpoint.get("block", 0) if table == current else 0
+            while first < blocks:
+                end = min(first + pacer.size(), blocks)
                 yield Unit(
                     key=f"table:{table}:{first}",
                     payload={"table": table, "start": first, "end": end},
                     checkpoint={"phase": "scan", "table": table, "block": end},
                 )
+                pacer.done(end - first)
+                first = end
             yield Unit(
                 key=f"table:{table}",
                 payload={"table": table},

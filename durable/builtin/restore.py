@@ -70,6 +70,7 @@ from ..errors import InputRejected, NonRetryable
 from ..models import Job, UnitResult
 from ..models.builtin import Announcement
 from ..operations import Access, JobContext, Operation, Unit, register
+from ..pacing import Pacer
 from ..states import JobState
 from . import backupdir, inputs
 from .announce import announce
@@ -249,6 +250,9 @@ class RestoreDatabase(Operation):
                 resume = checkpoint if index == checkpoint["next"] else {}
                 yield from self._check_units(ctx, manifest, checkpoint["manifest"], index, resume)
                 continue
+            if steps[index] == "finish":
+                # The total was an estimate (check batches are paced); now it is known.
+                ctx.set_total(ctx.units_done + 1)
             yield Unit(
                 key=steps[index],
                 checkpoint={"next": index + 1, "manifest": checkpoint["manifest"]},
@@ -267,7 +271,7 @@ class RestoreDatabase(Operation):
         site = self._site(ctx)
         try:
             for batch in batches(
-                site, order, ctx.input["database"], CHECK_BATCH,
+                site, order, ctx.input["database"], Pacer(cap=CHECK_BATCH),
                 table=resume.get("table"), after=resume.get("after"), index=resume.get("n", 0),
             ):  # fmt: skip
                 yield Unit(

@@ -37,6 +37,7 @@ from django.db import connections, models, router, transaction
 from django.db.models.constants import OnConflict
 from django.utils.duration import duration_string
 
+from ..pacing import Pacer
 from .derived import derived_labels
 
 ENGINE_APP = "durable"
@@ -391,11 +392,16 @@ def decode_pk(spec: TableSpec, value: Any) -> Any:
 
 def next_boundary(spec: TableSpec, alias: str, after: Any, batch_size: int) -> Any | None:
     """The primary key that ends the next batch after ``after`` (encoded), or None at the end."""
+    return _boundary(spec, alias, after, batch_size)[0]
+
+
+def _boundary(spec: TableSpec, alias: str, after: Any, batch_size: int) -> tuple[Any | None, int]:
+    """(``next_boundary``, how many rows the batch up to it holds)."""
     rows = _rows(spec, alias)
     if after is not None:
         rows = rows.filter(pk__gt=decode_pk(spec, after))
     keys = list(rows.values_list(spec.pk.attname, flat=True)[:batch_size])
-    return encode_pk(spec, keys[-1]) if keys else None
+    return (encode_pk(spec, keys[-1]) if keys else None), len(keys)
 
 
 def read_rows(spec: TableSpec, alias: str, after: Any, upto: Any) -> list[list[Any]]:
@@ -414,13 +420,14 @@ class Batch:
     index: int
     after: Any
     upto: Any
+    rows: int = 0  # how many rows it held when its boundary was read
 
 
 def batches(
     specs: Mapping[str, TableSpec],
     order: Sequence[str],
     alias: str,
-    batch_size: int,
+    batch_size: int | Pacer,
     *,
     table: str | None = None,
     after: Any = None,
@@ -431,14 +438,24 @@ def batches(
     Each boundary is read just before its batch is yielded, so rows inserted
     meanwhile past the boundary are picked up by a later batch. Raises
     ValueError if ``table`` is not in ``order`` (the site's tables changed).
+    ``batch_size``: rows per batch, or a ``Pacer`` that sizes each batch from
+    the time the ones before took (its cap the most rows a batch holds); each
+    batch is timed until the generator is asked for the next one.
     """
+    pacer = batch_size if isinstance(batch_size, Pacer) else None
     start = order.index(table) if table is not None else 0
     for position in range(start, len(order)):
         label = order[position]
         if position != start:
             after, index = None, 0
-        while (upto := next_boundary(specs[label], alias, after, batch_size)) is not None:
-            yield Batch(label, index, after, upto)
+        while True:
+            size = pacer.size() if pacer is not None else cast(int, batch_size)
+            upto, rows = _boundary(specs[label], alias, after, size)
+            if upto is None:
+                break
+            yield Batch(label, index, after, upto, rows)
+            if pacer is not None:
+                pacer.done(rows)
             after, index = upto, index + 1
 
 

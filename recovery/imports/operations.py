@@ -47,6 +47,7 @@ from durable.builtin.inputs import bounded_key
 from durable.errors import InputRejected, NonRetryable, Unavailable
 from durable.models import Job
 from durable.operations import Access, JobContext, Operation, Unit, register
+from durable.pacing import Pacer
 
 from ..models import RecoveryEvent
 from ..parsing import SKIP_LABELS
@@ -216,9 +217,11 @@ class ImportEvents(Operation):
     def _scan(self, ctx: JobContext, handle: IO[bytes]) -> tuple[str, int]:
         """(SHA-256, batches) of the whole file: its identity, and the progress bar's total.
 
-        The batches are counted by the very reads the import will make (a CSV's
-        header, quoted newlines, the last line without its newline, the byte
-        limit of a batch), so a completed import shows N/N.
+        The batches are counted by the reads the import would make at its caps
+        (a CSV's header, quoted newlines, the last line without its newline,
+        the byte limit of a batch): the fewest units it can take. Paced units
+        are often smaller, so the units re-estimate the total as they go, and
+        the summary makes it exact: a completed import shows N/N.
         """
         sha = hashlib.sha256()
         handle.seek(0)
@@ -302,13 +305,15 @@ class ImportEvents(Operation):
         start, _, _ = self._data_start(handle, ctx.input["path"])
         offset = checkpoint["offset"] if checkpoint["offset"] is not None else start
         limit = record_limit(self.csv)
+        # Records per unit from the rate measured (durable.pacing), batch_records the cap.
+        pacer = Pacer(cap=ctx.input["batch_records"])
         while True:
             records, end = read_records(
                 handle,
                 offset,
                 quoted=self.csv,
                 limit=limit,
-                max_records=ctx.input["batch_records"],
+                max_records=pacer.size(),
                 max_bytes=BATCH_BYTES,
             )
             if not records:
@@ -318,7 +323,12 @@ class ImportEvents(Operation):
                 payload={"start": offset, "end": end, "records": len(records)},
                 checkpoint={**checkpoint, "offset": end},
             )
+            pacer.done(len(records))
+            left = int((checkpoint["size"] - end) * len(records) / max(end - offset, 1))
+            ctx.set_total(ctx.units_done + 1 + pacer.units_for(left))
             offset = end
+        # The total was an estimate (units are sized as they go); now it is known.
+        ctx.set_total(ctx.units_done + 1)
         yield Unit(
             key="summary", payload={}, checkpoint={**checkpoint, "offset": offset, "done": True}
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import re
 import shlex
@@ -33,6 +34,7 @@ from durable.operations import Operation, Unit, register
 from tests import traces
 from tests.integration.helpers import drain
 from tests.integration.servers import HttpServer, Reply
+from tests.opsapp.models import Sample
 
 from .snippets import Block, all_blocks, find
 
@@ -47,6 +49,7 @@ RUN_BY = {
         "class ResizeImages",
     ): f"{HERE}::test_adding_an_operation",
     ("docs/how-to/write-an-operation.md", "job = enqueue("): f"{HERE}::test_adding_an_operation",
+    ("docs/how-to/write-an-operation.md", "class ExportRows"): f"{HERE}::test_paced_operation",
     ("docs/how-to/outbound-http.md", "http.request(ctx"): f"{HERE}::test_outbound_http_example",
     (
         "docs/how-to/webhooks-and-mail.md",
@@ -233,6 +236,31 @@ def test_adding_an_operation(registry: None) -> None:
     for each in created:
         assert drain(each.pk).state == "completed"
     assert resized == ["a.png", "b.png", "c.png"]
+
+
+@pytest.mark.django_db
+def test_paced_operation(registry: None, settings: Any) -> None:
+    """The pacing example: units small first, every row exported once, in order."""
+    settings.DURABLE_UNIT_TARGET_SECONDS = 60.0  # steady growth: each unit doubles
+    rows = [Sample.objects.create(name=f"row {n}").pk for n in range(100)]
+    exported: list[tuple[int, int]] = []
+
+    def export(after: int, upto: int) -> dict[str, int]:
+        exported.append((after, upto))
+        return {"rows": Sample.objects.filter(pk__gt=after, pk__lte=upto).count()}
+
+    find("docs/how-to/write-an-operation.md", "class ExportRows").run(
+        {"Row": Sample, "export": export,
+         "remaining": lambda after: Sample.objects.filter(pk__gt=after).count()},
+        module="rows.operations",
+    )  # fmt: skip
+    job = drain(enqueue("rows.export", {"batch_size": 32}).pk)
+    assert job.state == "completed"
+    counts = [upto_n - after_n for after_n, upto_n in exported]
+    assert exported[0] == (0, rows[0])  # the first unit after the claim: one row (32 / 32)
+    assert counts[:6] == [1, 2, 4, 8, 16, 32]  # doubled each time, up to the cap
+    assert sum(counts) == 100  # every row once, the units end to end
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(exported))
 
 
 @pytest.mark.django_db(transaction=True)  # durable.http refuses to run inside a transaction

@@ -413,6 +413,38 @@ def test_files__a_long_move_killed_more_often_than_its_attempts_still_finishes(
     assert tree(files.src) == {}
 
 
+def test_files__a_move_killed_many_times_leaves_no_temporary_name_of_its_own(
+    workers, tmp_path, settings
+):
+    """Kills at the fault points and right after a source was deleted, then a clean finish.
+
+    A unit that deleted its source and was killed before it removed its
+    temporary name was never run again (the file is no longer listed), and the
+    completed job left ``dir one/.durable-move-<job>-<hash>.part`` behind: a
+    second hard link to a moved file. The name now goes before the source.
+    """
+    files = FilesCase(tmp_path, settings)
+    many = {f"dir one/{n:02d}.bin": bytes([n]) * (3000 + n) for n in range(30)}
+    for name, data in many.items():
+        (files.src / name).parent.mkdir(parents=True, exist_ok=True)
+        (files.src / name).write_bytes(data)
+    files.start()
+    kills = ["files.after_copy:3", "files.after_delete:2", "after_unit:4", "files.after_delete:5"]
+    for fault in kills:
+        crashed = workers.run(faults=fault, env=files.env)
+        assert crashed.returncode == -signal.SIGKILL, workers.log(crashed)
+        assert files.job().state == "running"
+    finished = workers.run(env=files.env)
+    assert finished.returncode == 0, workers.log(finished)
+    job = files.job()
+    assert job.state == "completed", job.reason
+    assert job.reclaims == len(kills)
+    moved = tree(files.dst)
+    assert [name for name in moved if ".durable-move-" in name] == []
+    assert moved == {**FILES, **many}  # every file, right, once
+    assert tree(files.src) == {}
+
+
 # --- schedules: several workers, crashes mid-tick, catch-up -----------------------------
 
 

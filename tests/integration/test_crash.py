@@ -64,6 +64,15 @@ def test_worker_id__a_restart_with_the_same_id_gets_a_fresh_identity(workers):
     assert owners == set(ids)  # each start claimed under its own identity
 
 
+def test_worker__refuses_to_start_with_an_engine_setting_out_of_range(workers):
+    """runworker skips Django's full checks (they import every view) but not the engine's."""
+    job = jobs.enqueue("test.rows", {"units": 1})
+    refused = workers.run(env={"DURABLE_UNIT_TARGET_SECONDS": "0.001"})
+    assert refused.returncode != 0
+    assert "durable.E003" in workers.log(refused)
+    assert Job.objects.get(pk=job.pk).state == "queued"  # nothing claimed
+
+
 def test_crash_before_checkpoint__repeats_that_one_unit_not_the_job(workers, tmp_path):
     out = tmp_path / "side-effects.log"
     job = jobs.enqueue("test.append", {"units": 5, "path": str(out)})

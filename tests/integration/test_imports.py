@@ -182,14 +182,16 @@ def test_a_file_left_unfinished_by_a_failed_job_is_taken_over(tmp_path):
     assert f"left unfinished by job {first.pk}" in second.events.get(kind="taken_over").message
 
 
-def test_batches_are_units_and_the_checkpoint_is_the_byte_offset(tmp_path):
+def test_batches_are_units_and_the_checkpoint_is_the_byte_offset(tmp_path, settings):
+    settings.DURABLE_UNIT_TARGET_SECONDS = 60.0  # every unit is quick: each doubles the last
     data = b"".join(json.dumps({"type": "t", "detail": str(n)}).encode() + b"\n" for n in range(5))
     job = run_import("import.jsonl", write(tmp_path, "five.jsonl", data), batch_records=2)
     keys = list(
         UnitResult.objects.filter(job_id=job.pk).order_by("id").values_list("key", flat=True)
     )
     line = len(data) // 5
-    assert keys == ["source", "records:0", f"records:{2 * line}", f"records:{4 * line}", "summary"]
+    # Paced (durable.pacing): one record first after the claim, then at most batch_records.
+    assert keys == ["source", "records:0", f"records:{line}", f"records:{3 * line}", "summary"]
     assert (job.units_done, job.units_total) == (5, 5)
     assert job.checkpoint["offset"] == len(data)
     assert job.checkpoint["done"] is True

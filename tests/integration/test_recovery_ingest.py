@@ -201,10 +201,14 @@ def test_ingest__a_partial_last_line_waits_for_the_writer(events_file):
     assert RecoveryEvent.objects.get(type="restore-backup").detail == "from backup/2"
 
 
-def test_ingest__batches_are_units_and_the_checkpoint_is_offset_plus_identity(events_file):
+def test_ingest__batches_are_units_and_the_checkpoint_is_offset_plus_identity(
+    events_file, settings
+):
+    settings.DURABLE_UNIT_TARGET_SECONDS = 60.0  # every unit is quick: each doubles the last
     write(events_file, jsonl(*({"type": f"t{n}"} for n in range(5))))
     job = ingest(events_file, batch_lines=2)
-    assert [unit["lines"] for unit in line_units(job)] == [2, 2, 1]
+    # Paced (durable.pacing): small first after the claim, then never above batch_lines.
+    assert [unit["lines"] for unit in line_units(job)] == [1, 2, 2]
     info = events_file.stat()
     checkpoint = job.checkpoint
     assert checkpoint["offset"] == info.st_size

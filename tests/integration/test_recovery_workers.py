@@ -11,6 +11,7 @@ import io
 import json
 import os
 import pty
+import random
 import select
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 
 from durable import jobs
 from durable.models import Job, JobEvent, UnitResult
@@ -70,11 +72,16 @@ def test_worker__imports_lines_appended_while_it_runs(workers, tmp_path):
     assert set(ingests.values_list("state", flat=True)) <= {"completed", "queued", "running"}
 
 
+# Units of 1, 2, 3, 3 and 1 lines: paced (small first after a claim, then doubling
+# while a unit takes far less than the target), never above batch_lines.
+STEADY_PACE = {"DURABLE_UNIT_TARGET_SECONDS": "60"}
+
+
 @pytest.mark.parametrize(
     ("fault", "committed_before_the_crash"),
     [
-        ("after_unit:2", 3),  # batch 2 inserted, checkpoint not yet committed
-        ("after_checkpoint:2", 6),  # batch 2 committed with its checkpoint
+        ("after_unit:2", 1),  # batch 2 inserted, checkpoint not yet committed
+        ("after_checkpoint:2", 3),  # batch 2 committed with its checkpoint
         ("before_complete:1", 10),  # everything committed, job not yet completed
     ],
 )
@@ -84,7 +91,7 @@ def test_worker_killed_mid_ingest__replay_never_duplicates(
     path = tmp_path / "recovery-events.jsonl"
     append(path, *numbered(0, 10))
     job = jobs.enqueue("recovery.ingest", {"path": str(path), "batch_lines": 3})
-    crashed = workers.run(faults=fault)
+    crashed = workers.run(faults=fault, env=STEADY_PACE)
     assert crashed.returncode == -signal.SIGKILL, workers.log(crashed)
     assert len(imported_details()) == committed_before_the_crash
     job.refresh_from_db()
@@ -98,6 +105,56 @@ def test_worker_killed_mid_ingest__replay_never_duplicates(
     assert_each_once(10)
     cursor = IngestPath.objects.get(path=str(path)).cursor
     assert (cursor.offset, cursor.lines_imported) == (path.stat().st_size, 10)
+
+
+# Enough lines that the kills land mid-import: SQLite imports several times faster
+# (its search index waits for a job of its own).
+TORTURE_LINES = {"sqlite": 250_000, "postgresql": 60_000}
+TORTURE_KILLS = 5
+# Seconds between a worker's claim and its SIGKILL: less than a 10,000-line unit takes
+# on PostgreSQL (which this test failed with fixed units), more than a small first unit.
+KILL_AFTER_CLAIM = (0.1, 0.3)
+
+
+def test_ingest_torture__workers_killed_soon_after_each_claim_still_import_every_line_once(
+    workers, tmp_path
+):
+    """A crash-looping worker: each one SIGKILLed 0.1-0.3 s after it claims the job.
+
+    Units are sized in time, small first after a claim, so every worker commits
+    before it dies; with fixed 10,000-line units a PostgreSQL worker did not,
+    and the job failed after five deaths without progress. The whole run, with
+    300,000 lines and kills 0.8-3 s after each start, is bench/ingest_torture.py.
+    """
+    path = tmp_path / "recovery-events.jsonl"
+    lines = TORTURE_LINES[connection.vendor]
+    with open(path, "w") as handle:
+        handle.writelines(
+            json.dumps({"type": "backup-created", "detail": f"line {n}", "db": "wekan"}) + "\n"
+            for n in range(lines)
+        )
+    job = jobs.enqueue("recovery.ingest", {"path": str(path)})
+    claims = JobEvent.objects.filter(job_id=job.pk, kind="started")
+    rng = random.Random(24)
+    kills = 0
+    for _ in range(TORTURE_KILLS):
+        before, seen = claims.count(), job.units_done
+        worker = workers.start(lease=10)
+        wait_until(lambda: claims.count() > before or worker.poll() is not None, timeout=60)  # noqa: B023 - used at once
+        time.sleep(rng.uniform(*KILL_AFTER_CLAIM))
+        worker.kill()
+        worker.wait(timeout=10)
+        job.refresh_from_db()
+        if job.state != "running":
+            break  # finished within this life
+        kills += 1
+        assert job.units_done > seen, f"worker {kills} committed nothing before it died"
+    assert kills >= 2, "the file was imported too fast for the kills to land mid-import"
+    assert workers.run(lease=10).returncode == 0
+    job.refresh_from_db()
+    assert job.state == "completed", job.reason
+    assert job.attempts == 0  # every death came after progress: no attempt spent
+    assert_each_once(lines)
 
 
 def test_worker_killed_after_the_summary__the_replay_reports_what_it_imported(workers, tmp_path):
@@ -179,7 +236,7 @@ def test_two_ingests_of_one_file__the_late_one_notices_and_imports_nothing_twice
     # Worker A imports the first batch, then stops (SIGSTOP) right after that commit.
     stalled = workers.start("--burst", faults="after_checkpoint:1:stop", lease=30)
     wait_until(lambda: proc_state(stalled.pid) == "T")
-    assert len(imported_details()) == 20
+    assert len(imported_details()) == 1  # the first unit after a claim: 20 / 32, one line
     # Meanwhile another ingest of the same file (under its other name) runs to the end.
     other = jobs.enqueue("recovery.ingest", {"path": str(link), "batch_lines": 20})
     assert workers.run(lease=30).returncode == 0

@@ -3,6 +3,8 @@
 import random
 import socket
 import ssl
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 
 import httpcore
@@ -27,6 +29,7 @@ from durable.http.policy import (
     redact_headers,
     retry_plan,
 )
+from tests.conftest import BASE_DIR
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 EPOCH_NOW = int(NOW.timestamp())
@@ -427,3 +430,21 @@ def test_body_excerpt__a_complete_body_keeps_a_coincidental_ending():
 def test_cross_origin_drops__table(headers, dropped):
     found = cross_origin_drops(headers, auth_header="x-custom-auth", secrets={"s3cr3t-value"})
     assert found == dropped
+
+
+def test_classify__a_process_that_never_imported_httpx_does_not_import_it_to_classify():
+    """The policy asks for httpx only if loaded: a worker starts without it (~40 ms sooner)."""
+    code = (
+        "import sys\n"
+        "from durable.http.errors import DnsLookupFailed\n"
+        "from durable.http.policy import classify_exception as classify, may_have_reached_server\n"
+        "assert classify(ValueError('x')).reason == 'unexpected ValueError'\n"
+        "assert classify(DnsLookupFailed('x')).verdict.name == 'RETRY'\n"
+        "assert may_have_reached_server(ValueError('x'))\n"
+        "assert not may_have_reached_server(DnsLookupFailed('x'))\n"
+        "assert 'httpx' not in sys.modules, 'the policy imported httpx'\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=BASE_DIR
+    )
+    assert done.returncode == 0, done.stderr

@@ -11,6 +11,7 @@ from typing import TypedDict, cast
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from durable.checks import check_settings
 from durable.operations import registered
 from durable.worker import MAX_WORKER_ID_PREFIX, Worker, default_worker_id
 
@@ -70,6 +71,11 @@ class Command(BaseCommand):
         "Run durable jobs. SIGTERM/SIGINT stop claiming, finish the current unit, "
         "release leases and exit 0; a second signal exits at once."
     )
+    # Django's full system checks import every URLconf and view (the dashboard, the API)
+    # and cost a sixth of a worker's start-up; a worker that a crash-looping deploy
+    # restarts every second needs to claim soon. Only the engine's own settings are
+    # checked here (handle()); `manage.py check` at deploy time checks the rest.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
@@ -128,6 +134,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: object, **given: object) -> None:
         options = cast(Options, given)  # argparse's values, typed once in Options
+        errors = [m for m in check_settings() if m.is_serious()]
+        if errors:
+            raise CommandError("; ".join(f"{m.id}: {m.msg} {m.hint or ''}".strip() for m in errors))
         ops = options["operations"]
         if ops:
             unknown = sorted(set(ops) - set(registered()))
