@@ -12,7 +12,7 @@ import copy
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -56,7 +56,9 @@ class Outcome:
 # --- events -------------------------------------------------------------------
 
 
-def add_events(job: Job, events: Sequence[tuple[str, str, dict]], now: datetime) -> list[JobEvent]:
+def add_events(
+    job: Job, events: Sequence[tuple[str, str, dict[str, Any]]], now: datetime
+) -> list[JobEvent]:
     """Append events to a job whose row the caller holds locked.
 
     Bumps ``job.event_seq`` in memory; the caller saves it with the state change,
@@ -93,7 +95,9 @@ def log_state(job: Job, kind: str, **extra: Any) -> None:
     )
 
 
-def announce_change(job: Job, old_state: str, kind: str, message: str, data: dict) -> None:
+def announce_change(
+    job: Job, old_state: str, kind: str, message: str, data: dict[str, Any]
+) -> None:
     log_state(job, kind, previous=old_state)
     signals.send_on_commit(
         signals.job_state_changed,
@@ -195,7 +199,7 @@ def enqueue(
         except IntegrityError:
             if unique_key is None:
                 raise  # not a unique-key race: some other constraint refused the row
-            existing = Job.objects.unfinished().filter(unique_key=unique_key).first()
+            existing: Job | None = Job.objects.unfinished().filter(unique_key=unique_key).first()
             if existing is not None:
                 existing.created = False
                 return existing
@@ -204,7 +208,12 @@ def enqueue(
 
 
 def _create(
-    operation: str, data: dict, *, now: datetime, run_after: datetime | None, **fields: Any
+    operation: str,
+    data: dict[str, Any],
+    *,
+    now: datetime,
+    run_after: datetime | None,
+    **fields: Any,
 ) -> Job:
     # enqueue_many's INSERT for one job: the job with its first event already
     # counted (event_seq=1) and that event — one statement on PostgreSQL, two on
@@ -326,6 +335,8 @@ def _check_unique_key(key: str | None) -> None:
 
 
 _FIELDS = Job._meta.concrete_fields
+# Job(*values): Model.__init__'s positional path, which django-stubs knows only by keyword.
+_by_position: Callable[..., Job] = Job
 _INPUT, _KEY, _ERRORS = (
     [f.attname for f in _FIELDS].index(name) for name in ("input", "unique_key", "errors")
 )
@@ -373,7 +384,7 @@ def _create_many(
                 result.append(existing[key])
                 continue
             values[_INPUT], values[_KEY], values[_ERRORS] = row["input"], key, []
-            job = Job(*values)
+            job = _by_position(*values)
             job.created = True
             fresh.append(job)
             result.append(job)
@@ -487,7 +498,7 @@ def _apply_batch(action: Action, ids: Sequence[int], actor: str) -> list[Outcome
         # ahead would otherwise see a worker's live lease as expired (and, say,
         # requeue a paused job its worker is still running).
         jobs = list(Job.objects.select_for_update().filter(pk__in=ids).with_clock().order_by("pk"))
-        groups: dict[tuple, list[Job]] = defaultdict(list)
+        groups: dict[tuple[JobState | None, bool, bool], list[Job]] = defaultdict(list)
         decisions: dict[int, Decision] = {}
         for job in jobs:
             decision = decide(
@@ -517,7 +528,7 @@ def _apply_batch(action: Action, ids: Sequence[int], actor: str) -> list[Outcome
                 job.event_seq += 1
                 for name, value in fields.items():
                     setattr(job, name, value)
-                data = {"actor": actor, "from": old_state, "to": job.state}
+                data: dict[str, Any] = {"actor": actor, "from": old_state, "to": job.state}
                 if decision.reset_attempts:
                     data["attempts_reset"] = True
                 events.append(

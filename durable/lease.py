@@ -34,6 +34,7 @@ from .models import Job, JobEvent, UnitResult
 from .policy import truncate_utf8
 from .sql import BUSY as BUSY  # renew_unless_busy's answer
 from .sql import Cursor, Row, statements
+from .sql.base import Stamp
 from .states import JobState
 
 log = logging.getLogger("durable.lease")
@@ -281,7 +282,7 @@ def commit_unit(
     fixed = (_encode(checkpoint), units_total, len(events or ()))
     fenced = (lease.job_id, lease.owner, lease.epoch)
 
-    def bind() -> tuple[list[Any], Any]:
+    def bind() -> tuple[list[Any], Stamp]:
         """The statements' parameters, timed by ``now_under_lock``: call with the lock held."""
         return sql.commit_params(conn, now_under_lock(), fixed, fenced, lease_seconds)
 

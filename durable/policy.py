@@ -116,13 +116,15 @@ def error_entry(
     }
 
 
-def append_bounded(history: list[dict] | None, entry: dict, limit: int = MAX_ERROR_HISTORY) -> list:
+def append_bounded(
+    history: list[dict[str, Any]] | None, entry: dict[str, Any], limit: int = MAX_ERROR_HISTORY
+) -> list[dict[str, Any]]:
     """Keep the newest ``limit`` entries: the first failures matter less than the last."""
     items = [*(history or []), entry]
     return items[-limit:]
 
 
-def deaths_without_progress(history: list[dict] | None, attempts: int) -> int:
+def deaths_without_progress(history: list[dict[str, Any]] | None, attempts: int) -> int:
     """How many of the last ``attempts`` failed attempts were lost workers that
     committed no unit (the rest: errors the units raised).
 

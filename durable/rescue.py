@@ -313,7 +313,7 @@ def reclaim(me: str, *, limit: int = RECLAIM_BATCH) -> list[int]:
         .order_by("lease_expires_at")
         .values_list("pk", "lease_epoch")[:limit]
     )
-    done = []
+    done: list[int] = []
     for job_id, epoch in candidates:
         if _reclaim_one(job_id, epoch, condition, me, position=len(done)):
             done.append(job_id)

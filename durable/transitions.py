@@ -68,7 +68,7 @@ def attend(job: Job, ending: Ending) -> None:
 
 
 def _locked(lease: Lease) -> Job:
-    job = (
+    job: Job | None = (
         Job.objects.select_for_update()
         .filter(pk=lease.job_id, lease_owner=lease.owner, lease_epoch=lease.epoch)
         .first()

@@ -118,6 +118,9 @@ class Job(models.Model):
     # Not a column: set on the job ``durable.jobs.enqueue`` returns, False when an
     # unfinished job with the same unique key was returned instead of a new one.
     created: bool
+    # Not a column either: set on a job ``durable.lease.claim`` returns, whether any unit
+    # result of it exists (the worker then skips looking each one up).
+    has_results: bool
 
     class Meta:
         # The dashboard's operator actions, grantable one by one (Django's own

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 from django.db import DEFAULT_DB_ALIAS
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
+from django.db.models.expressions import Col
 
 from ..models import Job, JobEvent, PausedQueue, UnitResult
 from ..states import LEASED_STATES
@@ -30,6 +31,8 @@ BUSY = "busy"  # renew_unless_busy: the row is locked; the lease is still ours
 
 # A row as a driver returns it: its values are whatever the columns hold.
 Row = tuple[Any, ...]
+# A timestamp as a driver takes it: a datetime (psycopg) or Django's text (sqlite3).
+Stamp = datetime | str | None
 T = TypeVar("T")
 
 
@@ -89,7 +92,7 @@ class Statements(ABC):
     insert_result_sql: ClassVar[str]
 
     def __init__(self) -> None:
-        self._converters: list[tuple[Any, list[Any]]] | None = None
+        self._converters: list[tuple[Col, list[Callable[..., Any]]]] | None = None
 
     # --- claim --------------------------------------------------------------------
 
@@ -212,7 +215,7 @@ class Statements(ABC):
     # --- unit commits --------------------------------------------------------------
 
     @abstractmethod
-    def timestamp(self, conn: BaseDatabaseWrapper, moment: datetime) -> Any:
+    def timestamp(self, conn: BaseDatabaseWrapper, moment: datetime) -> Stamp:
         """``moment`` as the driver's cursor takes a timestamp."""
 
     @abstractmethod
@@ -223,7 +226,7 @@ class Statements(ABC):
         fixed: tuple[str, int | None, int],
         fenced: Sequence[Any],
         lease_seconds: float | None,
-    ) -> tuple[list[Any], Any]:
+    ) -> tuple[list[Any], Stamp]:
         """``commit_unit_sql``'s parameters and the commit's timestamp, from ``moment``
         (read under the lock). ``fixed``: checkpoint JSON, units_total, number of events.
         ``lease_seconds`` None keeps the lease's expiry as it is."""
@@ -248,7 +251,7 @@ class Statements(ABC):
 
     @abstractmethod
     def insert_jobs(
-        self, cursor: Cursor, *, values: list[Any], payload: str, facts: str, created: Any
+        self, cursor: Cursor, *, values: list[Any], payload: str, facts: str, created: Stamp
     ) -> list[int]:
         """Insert one job per element of ``payload`` (a JSON array of [input, unique_key])
         sharing ``values`` (``SHARED_FIELDS``), with their ``enqueued`` events carrying

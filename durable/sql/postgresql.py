@@ -38,6 +38,7 @@ from .base import (
     SHARED_COLUMNS,
     Cursor,
     Row,
+    Stamp,
     Statements,
     T,
 )
@@ -297,7 +298,7 @@ class PostgreSQL(Statements):
         cursor.execute(STILL_HELD, fenced)
         return BUSY if cursor.fetchone() is not None else None
 
-    def timestamp(self, conn: BaseDatabaseWrapper, moment: datetime) -> Any:
+    def timestamp(self, conn: BaseDatabaseWrapper, moment: datetime) -> Stamp:
         return moment  # psycopg adapts datetimes itself, as Django would
 
     def commit_params(
@@ -307,7 +308,7 @@ class PostgreSQL(Statements):
         fixed: tuple[str, int | None, int],
         fenced: Sequence[Any],
         lease_seconds: float | None,
-    ) -> tuple[list[Any], Any]:
+    ) -> tuple[list[Any], Stamp]:
         checkpoint_json, units_total, n_events = fixed
         # CASE WHEN expiry < later - lease/3 THEN later: seconds, seconds, seconds
         extend = [lease_seconds, lease_seconds, lease_seconds]
@@ -325,7 +326,7 @@ class PostgreSQL(Statements):
         return row
 
     def insert_jobs(
-        self, cursor: Cursor, *, values: list[Any], payload: str, facts: str, created: Any
+        self, cursor: Cursor, *, values: list[Any], payload: str, facts: str, created: Stamp
     ) -> list[int]:
         picks = ", ".join(["%s"] * len(values))
         cursor.execute(INSERT_JOBS.replace("{picks}", picks), [payload, *values, facts, created])

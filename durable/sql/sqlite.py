@@ -39,6 +39,7 @@ from .base import (
     SHARED_COLUMNS,
     Cursor,
     Row,
+    Stamp,
     Statements,
     T,
 )
@@ -286,7 +287,7 @@ class SQLite(Statements):
         """No row locks: the writers queue for the one lock, so this waits its turn."""
         return self.renew(cursor, now, fenced, seconds)
 
-    def timestamp(self, conn: BaseDatabaseWrapper, moment: datetime) -> Any:
+    def timestamp(self, conn: BaseDatabaseWrapper, moment: datetime) -> Stamp:
         if self.utc_text:
             return str(moment.astimezone(UTC).replace(tzinfo=None))
         return conn.ops.adapt_datetimefield_value(moment)
@@ -298,7 +299,7 @@ class SQLite(Statements):
         fixed: tuple[str, int | None, int],
         fenced: Sequence[Any],
         lease_seconds: float | None,
-    ) -> tuple[list[Any], Any]:
+    ) -> tuple[list[Any], Stamp]:
         now = self.timestamp(conn, moment)
         if lease_seconds is None:
             extend: list[Any] = [None, None]
@@ -334,7 +335,7 @@ class SQLite(Statements):
         return state, seq, units_done
 
     def insert_jobs(
-        self, cursor: Cursor, *, values: list[Any], payload: str, facts: str, created: Any
+        self, cursor: Cursor, *, values: list[Any], payload: str, facts: str, created: Stamp
     ) -> list[int]:
         picks = ", ".join(["%s"] * len(values))
         cursor.execute(INSERT_JOBS.replace("{picks}", picks), [*values, payload])
