@@ -3,7 +3,8 @@
 Event kinds are plain strings written in a few places; this reads those places in
 the source: the event tuples of the engine (``("failed", reason, {...})``), the
 ``kind="…"`` and ``kind, message = "…"`` assignments, the operator-action table,
-the kinds of event rows inserted by SQL (``'started', ''``), and ``ctx.event("…")``
+the kinds of event rows inserted by SQL (``'started', ''``), the events
+``durable.endings`` decides (``Event("completed", …)``), and ``ctx.event("…")``
 in any operation.
 """
 
@@ -15,7 +16,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "reference" / "job-states.md"
 WORKER = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "durable" / "worker").glob("*.py"))
-ENGINE = ("durable/jobs.py", "durable/lease.py", "durable/rescue.py", *WORKER)
+SQL = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "durable" / "sql").glob("*.py"))
+ENGINE = (
+    "durable/jobs.py",
+    "durable/lease.py",
+    "durable/transitions.py",
+    "durable/endings.py",
+    "durable/rescue.py",
+    *WORKER,
+    *SQL,
+)
 PATTERNS = (
     # ("kind", message, {data}) handed to add_events / _save: the third item (a dict or
     # a name) tells it from any tuple of strings, such as a list of field names.
@@ -24,6 +34,7 @@ PATTERNS = (
         r"|\"[^\"]*\"|f\"[^\"]*\"),\s*(?:\{|[a-z_]+\))"
     ),
     re.compile(r"\bkind=\"([a-z_]+)\""),
+    re.compile(r"\bEvent\(\s*\"([a-z_]+)\""),  # durable.endings' decided events
     re.compile(r"\bkind, message = \"([a-z_]+)\""),
     re.compile(r"\): \"([a-z_]+)\",\s*$", re.MULTILINE),  # _EVENT_KIND's values
     # An event row inserted by SQL (the claim's "started", enqueue_many's "enqueued"):
