@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
@@ -35,7 +36,7 @@ from .policy import truncate_utf8
 from .sql import BUSY as BUSY  # renew_unless_busy's answer
 from .sql import Cursor, Row, statements
 from .sql.base import Stamp
-from .states import JobState
+from .states import LEASED_STATES, JobState
 
 log = logging.getLogger("durable.lease")
 
@@ -246,6 +247,23 @@ def fence(lease: Lease, lease_seconds: float) -> str:
     if state is None:
         raise LeaseLost(f"job {lease.job_id}: lease epoch {lease.epoch} is no longer ours")
     return state
+
+
+def strays(owner: str, *, held: Collection[int], before: datetime) -> list[Lease]:
+    """Jobs leased to ``owner`` that it is not running, last written before ``before``.
+
+    A claim whose commit went through while the connection was cut never told its
+    worker: the job sits leased to a worker that does not know it has it, until the
+    lease expires and a peer takes it back as after a crash (spending an attempt).
+    Asked after an outage (``before``: when it began), so that the worker hands
+    such jobs back at once; a job claimed since has a later ``updated_at``.
+    """
+    rows = (
+        Job.objects.filter(lease_owner=owner, state__in=LEASED_STATES, updated_at__lt=before)
+        .exclude(pk__in=list(held))
+        .values_list("pk", "lease_epoch")
+    )
+    return [Lease(job_id=pk, owner=owner, epoch=epoch) for pk, epoch in rows]
 
 
 def has_results(job_id: int) -> bool:

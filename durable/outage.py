@@ -130,9 +130,18 @@ def on_failure(state: Reachability, now: float, error: str) -> tuple[Reachabilit
     return replace(state, said_at=now, failures=failures), note
 
 
-def on_success(state: Reachability, now: float) -> tuple[Reachability, Note | None]:
-    """A statement went through: if the database was lost, it is back (one line)."""
+def on_success(
+    state: Reachability, now: float, *, began: float | None = None
+) -> tuple[Reachability, Note | None]:
+    """A statement went through: if the database was lost, it is back (one line).
+
+    ``began``: when that statement was sent. One sent before the database was
+    lost says nothing of it now — another thread's success that was merely
+    reported after this thread's failure — and is ignored.
+    """
     if state.down_since is None:
+        return state, None
+    if began is not None and began < state.down_since:
         return state, None
     note = Note(
         logging.INFO,

@@ -94,10 +94,11 @@ def _gone_here(worker: WorkerProcess) -> bool:
     return bool(mine) and worker.host_key == mine and not pid_alive(worker.pid)
 
 
-def any_worker_alive(now: datetime) -> bool:
-    """Is some registered worker still running? Each is judged by its own lease — or,
-    on SQLite, by its pulse: its heartbeat may be waiting for the write lock."""
-    candidates = WorkerProcess.objects.not_stopped(now, LIVENESS_HORIZON)
+def any_worker_alive(now: datetime, *, besides: str = "") -> bool:
+    """Is some registered worker (other than ``besides``) still running? Each is judged by
+    its own lease — or, on SQLite, by its pulse: its heartbeat may be waiting for the
+    write lock."""
+    candidates = WorkerProcess.objects.not_stopped(now, LIVENESS_HORIZON).exclude(worker_id=besides)
     return any(
         (
             worker_alive(heartbeat_at=w.heartbeat_at, lease_seconds=w.lease_seconds, now=now)
@@ -122,10 +123,13 @@ def register_worker(
     with transaction.atomic():
         statements(connection).serialize_registration(connection)
         now = database_now()
-        alive = any_worker_alive(now)
+        # Not itself: a try whose commit went through but whose answer an outage
+        # swallowed left this worker's row, and the retry must judge as the first did.
+        alive = any_worker_alive(now, besides=worker_id)
         boundary = None
         if not alive:
-            boundary = WorkerProcess.objects.aggregate(last=Max("heartbeat_at"))["last"]
+            others = WorkerProcess.objects.exclude(worker_id=worker_id)
+            boundary = others.aggregate(last=Max("heartbeat_at"))["last"]
         _register(worker_id, now, queues=queues, concurrency=concurrency, lease=lease_seconds)
     return not alive, boundary
 
@@ -133,16 +137,19 @@ def register_worker(
 def _register(
     worker_id: str, now: datetime, *, queues: list[str], concurrency: int, lease: float
 ) -> None:
-    WorkerProcess.objects.create(
+    # update_or_create: registering again (a retried start-up, see above) is not an error.
+    WorkerProcess.objects.update_or_create(
         worker_id=worker_id,
-        hostname=socket.gethostname()[:255],
-        pid=os.getpid(),
-        host_key=host_key(),
-        queues=queues,
-        concurrency=concurrency,
-        lease_seconds=lease,
-        started_at=now,
-        heartbeat_at=now,
+        defaults={
+            "hostname": socket.gethostname()[:255],
+            "pid": os.getpid(),
+            "host_key": host_key(),
+            "queues": queues,
+            "concurrency": concurrency,
+            "lease_seconds": lease,
+            "started_at": now,
+            "heartbeat_at": now,
+        },
     )
 
 
@@ -419,8 +426,17 @@ def fail_leftover_queued(boundary: datetime, me: str) -> list[int]:
 
 
 def recover_at_startup(
-    worker_id: str, *, queues: list[str], concurrency: int, lease_seconds: float
+    worker_id: str,
+    *,
+    queues: list[str],
+    concurrency: int,
+    lease_seconds: float,
+    reclaim_now: bool = True,
 ) -> StartupReport:
+    """Register, fail what a cold start must, and (``reclaim_now``) take back the jobs of
+    stopped workers. Not right after a database outage: every lease may have expired
+    meanwhile, their workers alive and renewing them as this starts (housekeeping takes
+    back those of dead workers a few seconds later)."""
     cold, boundary = register_worker(
         worker_id, queues=queues, concurrency=concurrency, lease_seconds=lease_seconds
     )
@@ -428,6 +444,6 @@ def recover_at_startup(
     prune_pulses()
     if cold and boundary is not None:
         report.failed_queued = fail_leftover_queued(boundary, worker_id)
-    while batch := reclaim(worker_id):
+    while reclaim_now and (batch := reclaim(worker_id)):
         report.reclaimed.extend(batch)
     return report

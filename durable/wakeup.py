@@ -92,16 +92,14 @@ def start_listener(
 ) -> threading.Thread | None:
     """Start this process's wake-up thread for the default database's vendor.
 
-    ``watch``: the process's watch on its database, told when the listening
-    connection is lost or back (only when it is a connection to the same
-    database as the worker's others: not one of ``DURABLE_LISTEN_URL``).
+    ``watch``: the process's watch on its database, told when the ``default``
+    database is lost or back (the listening connection's, unless it is one of
+    ``DURABLE_LISTEN_URL``: that one's outages are told apart, by a watch of its own).
     """
     vendor = connections["default"].vendor
     if vendor == "postgresql":
         url = getattr(settings, "DURABLE_LISTEN_URL", "") or ""
-        target = _PgListener(
-            wakeup, set(queues), finished, listen_url=url, watch=None if url else watch
-        ).run
+        target = _PgListener(wakeup, set(queues), finished, listen_url=url, watch=watch).run
     elif vendor == "sqlite":
         target = _SqliteWatcher(wakeup, finished, due_exists, sqlite_interval).run
     else:
@@ -109,6 +107,10 @@ def start_listener(
     thread = threading.Thread(target=target, name="durable-wakeup", daemon=True)
     thread.start()
     return thread
+
+
+class _DefaultFailed(Exception):
+    """The check's notification could not be sent through the ``default`` database."""
 
 
 class _PgListener:
@@ -140,10 +142,12 @@ class _PgListener:
     ) -> None:
         self.wakeup, self.queues, self.finished = wakeup, queues, finished
         self.listen_url = listen_url
-        # Not the worker's watch for a connection of its own (DURABLE_LISTEN_URL): its
-        # outages are its own, reported by a watch of its own.
-        self.watch = watch or DatabaseWatch(
-            log, listening="DURABLE_LISTEN_URL" if listen_url else "default"
+        # The default database's outages are the worker's, said once for all its loops;
+        # those of a connection of its own (DURABLE_LISTEN_URL) are told apart: the
+        # two may come and go separately, and one watch would then flap.
+        self.default_watch = watch or DatabaseWatch(log)
+        self.watch = (
+            DatabaseWatch(log, listening="DURABLE_LISTEN_URL") if listen_url else self.default_watch
         )
         self.probe_channel = f"durable_probe_{secrets.token_hex(8)}"
         self.pooled_warned = False
@@ -152,6 +156,7 @@ class _PgListener:
         failures = 0
         while not self.finished.is_set():
             raw: Any = None
+            began = self.watch.now()
             try:
                 raw = self._connect()
                 if not self._notifications_arrive(raw):
@@ -162,14 +167,15 @@ class _PgListener:
                     self.finished.wait(self.RECHECK_SECONDS)
                     continue
                 raw.execute(f"LISTEN {CHANNEL}")
-                self.watch.succeeded()
+                self.watch.succeeded(began)
                 failures = 0
                 # Whatever was enqueued while nobody listened is looked for once.
                 self.wakeup.signal()
                 self._listen(raw)
             except Exception as exc:
                 failures += 1
-                unreachable = self.watch.failed(
+                watch = self.default_watch if isinstance(exc, _DefaultFailed) else self.watch
+                unreachable = watch.failed(
                     exc, "wake-up listener failed; polling meanwhile", failures=failures
                 )
                 self.finished.wait(
@@ -199,6 +205,8 @@ class _PgListener:
             try:
                 with conn.cursor() as cursor:
                     cursor.execute("SELECT pg_notify(%s, %s)", [self.probe_channel, token])
+            except Exception as exc:
+                raise _DefaultFailed(str(exc)) from exc
             finally:
                 conn.close()
             deadline = time.monotonic() + self.PROBE_SECONDS

@@ -52,6 +52,22 @@ class Executions:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_job: dict[int, Execution] = {}
+        # Claimed and handed to a thread that has not finished with it (it may not
+        # have built its Execution yet, or be waiting to hand it back after an outage).
+        self._in_hand: set[int] = set()
+
+    def hold(self, job_ids: list[int]) -> None:
+        with self._lock:
+            self._in_hand.update(job_ids)
+
+    def let_go(self, job_id: int) -> None:
+        with self._lock:
+            self._in_hand.discard(job_id)
+
+    def held(self) -> set[int]:
+        """Every job a thread of this process has claimed and not finished with."""
+        with self._lock:
+            return self._in_hand | set(self._by_job)
 
     def add(self, execution: Execution) -> None:
         with self._lock:

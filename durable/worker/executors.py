@@ -67,6 +67,7 @@ class Executors:
             while not self.stopping.is_set():
                 if not self._reserve():
                     return
+                began = self.watch.now()
                 try:
                     claimed = self.desk.take()
                 except Exception as exc:
@@ -81,7 +82,7 @@ class Executors:
                     )
                     continue
                 failures = 0
-                self.watch.succeeded()
+                self.watch.succeeded(began)
                 if claimed is None:
                     self._unreserve()
                     if self.burst:
@@ -108,6 +109,8 @@ class Executors:
                 # handed back at once (no attempt spent) instead of waiting for its
                 # lease to expire and being taken back as after a crash.
                 self.runner.hand_back_after_outage(lease)
+        finally:
+            self.runner.executions.let_go(lease.job_id)
 
     def _reserve(self) -> bool:
         """With ``max_jobs``, hold one of the remaining claims for this thread."""

@@ -59,9 +59,10 @@ def housekeeping_loop(
                     database_back=not watch.down
                     and not watch.returned_within(RECLAIM_GRACE_SECONDS),
                 ):
+                    began = watch.now()
                     rescue.reclaim(worker_id)
                     # Only a reclaim surely asked the database (the receivers may not).
-                    watch.succeeded()
+                    watch.succeeded(began)
                     next_reclaim = time.monotonic() + reclaim_every * random.uniform(0.8, 1.2)
             except Exception as exc:
                 failures += 1

@@ -201,12 +201,14 @@ class Worker:
         """
         failures = 0
         while True:
+            began = self.watch.now()
             try:
                 report = rescue.recover_at_startup(
                     self.worker_id,
                     queues=self.queues,
                     concurrency=self.concurrency,
                     lease_seconds=self.lease_seconds,
+                    reclaim_now=failures == 0,  # not just after an outage: see there
                 )
             except (OperationalError, InterfaceError) as exc:
                 failures += 1
@@ -216,7 +218,7 @@ class Worker:
                 if self.stopping.wait(delay):
                     return None
                 continue
-            self.watch.succeeded()
+            self.watch.succeeded(began)
             return report
 
     def stop(self) -> None:
@@ -282,14 +284,19 @@ class Worker:
         self.runner.execute(lease, job)
 
     def _claim_for(self, count: int) -> list[tuple[Lease, Job]]:
-        """The claim desk's statement: up to ``count`` due jobs of this worker's queues."""
-        return leases.claim_many(
+        """The claim desk's statement: up to ``count`` due jobs of this worker's queues.
+
+        Each is held (``Executions.hold``) from here until its thread is done with
+        it, so the renewer never takes it for a claim an outage swallowed."""
+        claimed = leases.claim_many(
             self.worker_id,
             count,
             queues=self.queues,
             operations=self.operations or [],
             lease_seconds=self.lease_seconds,
         )
+        self.executions.hold([lease.job_id for lease, _ in claimed])
+        return claimed
 
     def _due_exists(self) -> bool:
         """A read (no lock taken): is a job this worker could claim due now?"""

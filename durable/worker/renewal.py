@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import logging
 import threading
+from datetime import UTC, datetime
 
 from django.db import connection
 
 from .. import lease as leases
-from .. import rescue
+from .. import rescue, transitions
 from ..dbwatch import DatabaseWatch
+from ..outage import OUTAGE_POLL_SECONDS
 from ..states import JobState
 from .execution import Executions
+from .failures import settle
 from .watchdog import Watchdog
 
 log = logging.getLogger("durable.worker")
@@ -51,9 +54,11 @@ class Renewer:
         delay, failures = interval, 0
         try:
             while not self.finished.wait(delay):
+                began = self.watch.now()
                 try:
                     self.renew_all()
                     rescue.heartbeat(self.worker_id)
+                    self.hand_back_strays()
                 except Exception as exc:
                     failures += 1
                     unreachable = self.watch.failed(exc, "lease renewal round failed")
@@ -65,10 +70,25 @@ class Renewer:
                         ),
                     )
                     continue
-                self.watch.succeeded()
-                delay, failures = interval, 0
+                self.watch.succeeded(began)
+                failures = 0
+                # While another loop finds the database gone, come back within a second
+                # of its return, not a third of a lease later.
+                delay = min(interval, OUTAGE_POLL_SECONDS) if self.watch.down else interval
         finally:
             connection.close()
+
+    def hand_back_strays(self) -> None:
+        """After an outage: jobs leased to this worker by a claim whose answer was lost."""
+        began = self.watch.outage_to_look_back_on()
+        if began is None:
+            return
+        before = datetime.fromtimestamp(began, tz=UTC)
+        for lease in leases.strays(self.worker_id, held=self.executions.held(), before=before):
+            log.info(
+                "handing back a job claimed as the database went away", extra={"job": lease.job_id}
+            )
+            settle(transitions.release, lease, "its claim was cut off by a database outage")
 
     def renew_all(self) -> None:
         """One round: each lease renewed, or found lost, paused or cancelling."""

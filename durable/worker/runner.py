@@ -137,9 +137,10 @@ class JobRunner:
         """
         failures = 0
         while True:
+            began = self.watch.now()
             try:
                 settle(transitions.release, lease, "its worker lost the database")
-                self.watch.succeeded()
+                self.watch.succeeded(began)
                 return
             except Exception as exc:
                 failures += 1

@@ -6,6 +6,7 @@ import time
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 
+import psycopg
 import pytest
 from django.test import TestCase
 from django.utils import timezone
@@ -15,6 +16,7 @@ from durable.errors import InputRejected, LeaseLost, UnknownOperation
 from durable.models import Job, JobEvent, UnitResult, WorkerProcess
 from durable.operations import get_operation
 from durable.policy import MAX_ERROR_MESSAGE_BYTES
+from durable.worker import Worker
 from tests.testapp.models import SideEffect
 
 from .helpers import drain
@@ -736,6 +738,53 @@ def test_restart_policy__cold_start_fails_queued_fail_jobs_left_by_the_previous_
     states = dict(Job.objects.values_list("pk", "state"))
     assert states == {left_over.pk: "failed", kept.pk: "queued", queued_later.pk: "queued"}
     assert Job.objects.get(pk=left_over.pk).error_code == "server_restarted"
+
+
+def test_startup__a_retry_after_an_answer_lost_in_an_outage_judges_as_the_first_try():
+    """The first try committed (its row is there) but its answer never came: the worker
+    tries again with the same id. No duplicate-key crash, and it is still a cold start:
+    its own row is not a live peer."""
+    left_over = jobs.enqueue("test.rows", {}, on_restart="fail")
+    Job.objects.filter(pk=left_over.pk).update(created_at=timezone.now() - timedelta(minutes=10))
+    WorkerProcess.objects.create(
+        worker_id="gone", hostname="h", pid=1, heartbeat_at=timezone.now() - timedelta(minutes=5)
+    )
+    rescue.register_worker("fresh", queues=["default"], concurrency=1, lease_seconds=30)
+    report = rescue.recover_at_startup("fresh", queues=["default"], concurrency=1, lease_seconds=30)
+    assert report.cold_start
+    assert report.failed_queued == [left_over.pk]
+    assert WorkerProcess.objects.filter(worker_id="fresh").count() == 1
+
+
+def test_outage__claims_whose_answer_was_lost_are_handed_back_once_the_database_is_back():
+    """A claim that committed while the connection was cut never reached its thread. After
+    the outage the renewer hands such jobs back at once (no attempt spent), and leaves
+    alone the jobs its threads hold and the jobs claimed since the outage began."""
+    worker = Worker(worker_id="w-outage", lease_seconds=30)
+    ops = ["test.rows"]
+    swallowed, held = (jobs.enqueue("test.rows", {}).pk for _ in range(2))
+    for job_id in (swallowed, held):
+        assert lease.claim("w-outage", queues=["default"], operations=ops, lease_seconds=30,
+                           job_id=job_id)  # fmt: skip
+    worker.executions.hold([held])
+    time.sleep(0.01)
+    worker.watch.failed(psycopg.OperationalError("the connection is closed"), "claim failed")
+    later = jobs.enqueue("test.rows", {}).pk
+    assert lease.claim("w-outage", queues=["default"], operations=ops, lease_seconds=30,
+                       job_id=later)  # fmt: skip
+    worker.executions.hold([later])
+    worker.renewer.hand_back_strays()  # still down: nothing to look back on yet
+    assert Job.objects.get(pk=swallowed).state == "running"
+    worker.watch.succeeded()
+    worker.executions.let_go(later)  # finished with by now; claimed after the outage began
+    worker.renewer.hand_back_strays()
+    states = dict(Job.objects.filter(pk__in=[swallowed, held, later]).values_list("pk", "state"))
+    assert states == {swallowed: "queued", held: "running", later: "running"}
+    job = Job.objects.get(pk=swallowed)
+    assert (job.attempts, job.lease_owner) == (0, None)
+    assert JobEvent.objects.filter(job_id=swallowed, kind="released").exists()
+    worker.renewer.hand_back_strays()  # once per outage
+    assert JobEvent.objects.filter(job_id=swallowed, kind="released").count() == 1
 
 
 def test_restart_policy__a_worker_joining_live_peers_is_not_a_cold_start():

@@ -18,7 +18,7 @@ import pytest
 from django.db import connection
 
 from durable import jobs
-from durable.models import Job
+from durable.models import Job, JobEvent
 from tests.conftest import database_url, wait_until
 from tests.relay import Relay
 from tests.testapp.models import SideEffect
@@ -54,6 +54,14 @@ def _first_unit_after(moment: float) -> float:
     return first.created_at.timestamp() - moment
 
 
+def _notable(logs: list[str]) -> list[str]:
+    """The lines of the workers' logs that explain a reclaim, for a failure's message."""
+    words = ("database", "reclaimed", "released", "handing back", "lease lost", "failed")
+    return [
+        line[:220] for log in logs for line in log.splitlines() if any(w in line for w in words)
+    ]
+
+
 def _outage(relay: Relay, seconds: float, during: int) -> tuple[list[int], float]:
     """Cut for ``seconds``, enqueueing ``during`` jobs meanwhile; the resume delay."""
     assert relay.cut() > 0  # the workers' connections, cut mid-stream
@@ -72,11 +80,18 @@ def test_outage__workers_stay_calm_resume_within_two_seconds_and_keep_every_guar
         for _ in range(2)
     ]
     created = _enqueue(6)
-    wait_until(lambda: SideEffect.objects.exists(), timeout=30)  # busy when the cut comes
+    # Both started (each is to see both outages) and busy when the cut comes.
+    wait_until(lambda: all("worker started" in workers.log(p) for p in procs), timeout=60)
+    wait_until(lambda: SideEffect.objects.exists(), timeout=30)
+    moments = [("first cut", time.time())]
     more, short_resume = _outage(relay, 1.5, during=2)
+    moments.append(("first return", time.time() - short_resume))
     created += more
     created += _enqueue(4)
     wait_until(lambda: SideEffect.objects.count() >= 12, timeout=30)
+    # Two outages, not one with a gap no worker noticed: each saw the database back.
+    wait_until(lambda: all("database reachable again" in workers.log(p) for p in procs), timeout=30)
+    moments.append(("second cut", time.time()))
     more, long_resume = _outage(relay, 3 * LEASE, during=2)  # longer than the lease
     created += more
     done = wait_until(
@@ -90,9 +105,19 @@ def test_outage__workers_stay_calm_resume_within_two_seconds_and_keep_every_guar
     # exactly once, nothing spent, nothing taken back as from a dead worker
     rows = list(SideEffect.objects.filter(job_id__in=created).values_list("job_id", "key"))
     assert sorted(rows) == sorted((pk, f"u{n}") for pk in created for n in range(UNITS))
-    finished = Job.objects.filter(pk__in=created)
-    assert list(finished.filter(attempts__gt=0).values_list("pk", flat=True)) == []
-    assert list(finished.filter(reclaims__gt=0).values_list("pk", flat=True)) == []
+    spent = list(Job.objects.filter(pk__in=created, attempts__gt=0).values_list("pk", flat=True))
+    reclaimed = list(
+        JobEvent.objects.filter(job_id__in=created, kind="reclaimed").values_list(
+            "job_id", flat=True
+        )
+    )
+    history = [
+        (e.job_id, e.seq, e.kind, e.message[:80], e.created_at.isoformat()[11:23])
+        for e in JobEvent.objects.filter(job_id__in={*spent, *reclaimed}).order_by("job_id", "seq")
+    ]
+    assert (spent, reclaimed) == ([], []), "\n".join(
+        map(str, [*history, *_notable(logs), *moments])
+    )
     for log in logs:
         lines = log.splitlines()
         assert all(line.startswith("time=") for line in lines), log  # one record per line

@@ -333,3 +333,34 @@ def test_database_watch__tells_when_the_database_came_back():
     assert watch.returned_within(5)
     now[0] += 5
     assert not watch.returned_within(5)
+
+
+def test_database_watch__the_outage_to_look_back_on_is_given_once_after_the_return():
+    wall = [5000.0]
+    watch = DatabaseWatch(
+        logging.getLogger("durable.test"), clock=lambda: wall[0], wall_clock=lambda: wall[0]
+    )
+    lost = psycopg.OperationalError("the connection is closed")
+    watch.failed(lost, "x")
+    wall[0] += 3
+    watch.failed(lost, "x")  # the same outage: it began at the first failure
+    assert watch.outage_to_look_back_on() is None  # not over yet
+    wall[0] += 10
+    watch.succeeded()
+    assert watch.outage_to_look_back_on() == 5000.0
+    assert watch.outage_to_look_back_on() is None  # once
+
+
+@pytest.mark.parametrize(
+    ("began", "back"),
+    [
+        (T0 - 0.01, False),  # sent before the outage began, reported after: says nothing
+        (T0, True),  # sent as it began (the same reading): counts
+        (T0 + 2, True),  # sent during the outage and went through: it is back
+        (None, True),  # no start given: taken as it comes
+    ],
+)
+def test_on_success__a_success_sent_before_the_outage_began_is_not_a_return(began, back):
+    state, _ = on_failure(Reachability(), T0, "refused")
+    state, note = on_success(state, T0 + 3, began=began)
+    assert (note is not None, state.down) == (back, not back)
