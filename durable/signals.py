@@ -85,6 +85,8 @@ def send_now(signal: Signal, *, raise_unreachable: bool = False, **kwargs: Any) 
     outage itself (the worker's housekeeping, which sends ``worker_heartbeat``
     every few seconds, says once that the database is gone, not once per beat).
     """
+    if not signal.receivers:
+        return  # nobody listens: not even send_robust's lookup
     lost: BaseException | None = None
     for receiver, result in signal.send_robust(sender="durable", **kwargs):
         if not isinstance(result, Exception):
@@ -104,6 +106,11 @@ def send_now(signal: Signal, *, raise_unreachable: bool = False, **kwargs: Any) 
 
 
 def send_on_commit(signal: Signal, **kwargs: Any) -> None:
-    """Send after the current transaction commits (or now, outside one)."""
+    """Send after the current transaction commits (or now, outside one).
 
+    With no receiver connected now, nothing is sent: a receiver connects when its
+    app is ready, not in the middle of a transaction.
+    """
+    if not signal.receivers:
+        return
     transaction.on_commit(lambda: send_now(signal, **kwargs), robust=True)
