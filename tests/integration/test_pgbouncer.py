@@ -28,6 +28,9 @@ from tests.integration.test_crash import (  # noqa: F401 - collected again, thro
     test_worker__runs_jobs_to_completion,
     test_worker_deaths_after_progress__spend_no_attempt_and_the_job_completes,
 )
+from tests.integration.test_recovery_workers import (  # noqa: F401 - the ingest's COPY
+    test_worker_killed_mid_ingest__replay_never_duplicates,
+)
 from tests.integration.test_small_jobs import (  # noqa: F401
     test_wakeup__a_job_enqueued_into_an_idle_worker_starts_long_before_its_poll,
 )
