@@ -22,7 +22,7 @@ import json
 import logging
 from collections.abc import Collection
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils import timezone
@@ -359,6 +359,18 @@ def _add_unit_events(
     )
 
 
+class Ended(NamedTuple):
+    """What the last unit's commit left: its log line and signal need no re-read of the
+    row, nor a ``Job`` built for them (``durable.jobs.JobFacts``)."""
+
+    pk: int
+    operation: str
+    state: str
+    attempts: int
+    checkpoint: Any
+    units_done: int
+
+
 def finish_unit(
     lease: Lease,
     *,
@@ -402,17 +414,10 @@ def finish_unit(
     if row is None:
         raise LeaseLost(f"job {lease.job_id}: completion refused, lease epoch {lease.epoch} lost")
     state, _seq, units_done = row
-    job = Job(
-        pk=lease.job_id,
-        operation=operation,
-        state=state,
-        attempts=attempts,
-        checkpoint=checkpoint,
-        units_done=units_done,
-    )
-    ending = finished(state, units_done)
+    ended = Ended(lease.job_id, operation, str(state), attempts, checkpoint, units_done)
+    ending = finished(ended.state, units_done)
     if ending is None:
-        log_state(job, "lease_released", reason=state)
+        log_state(ended, "lease_released", reason=ended.state)
     else:
-        announce_change(job, ending.old_state, *ending.event)
-    return str(state)
+        announce_change(ended, ending.old_state, *ending.event)
+    return ended.state

@@ -499,3 +499,40 @@ def test_crash_after_the_finishing_commit__the_job_is_completed_once(workers, tm
     assert job.reclaims == 0  # nothing to take back: the lease went with the commit
     assert_finished_once(job)
     assert done_lines(out) == {"u0": 1, "u1": 1, "u2": 1}
+
+
+# --- the claimed row as a Job, without Model.__init__ -------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claim__the_job_built_from_the_row_is_the_one_the_orm_reads():
+    """Every field of the claimed Job (built without ``Model.__init__``, SQLite's
+    timestamps read with ``fromisoformat``) equals what the ORM reads back."""
+    jobs.enqueue("durable.noop", {"units": 2, "note": "é"}, priority=3)
+    claimed = claim("w", queues=["default"], operations=["durable.noop"], lease_seconds=30)
+    assert claimed is not None
+    _, job = claimed
+    read = Job.objects.get(pk=job.pk)
+    for field in Job._meta.concrete_fields:
+        assert getattr(job, field.attname) == getattr(read, field.attname), field.attname
+    assert job.lease_expires_at is not None and job.lease_expires_at.tzinfo is not None
+    assert not job._state.adding and job._state.db == "default"
+    job.save(update_fields=["reason"])  # an ordinary instance the ORM can write
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claim__a_site_with_post_init_receivers_gets_the_orms_construction():
+    from django.db.models.signals import post_init
+
+    seen: list[int] = []
+
+    def receiver(sender, instance, **kwargs):
+        seen.append(id(instance))
+
+    post_init.connect(receiver, sender=Job)
+    try:
+        jobs.enqueue("durable.noop", {"units": 1})
+        claimed = claim("w", queues=["default"], operations=["durable.noop"], lease_seconds=30)
+    finally:
+        post_init.disconnect(receiver, sender=Job)
+    assert claimed is not None and id(claimed[1]) in seen
