@@ -515,8 +515,10 @@ def test_claim__the_job_built_from_the_row_is_the_one_the_orm_reads():
     read = Job.objects.get(pk=job.pk)
     for field in Job._meta.concrete_fields:
         assert getattr(job, field.attname) == getattr(read, field.attname), field.attname
-    assert job.lease_expires_at is not None and job.lease_expires_at.tzinfo is not None
-    assert not job._state.adding and job._state.db == "default"
+    assert job.lease_expires_at is not None
+    assert job.lease_expires_at.tzinfo is not None
+    assert not job._state.adding
+    assert job._state.db == "default"
     job.save(update_fields=["reason"])  # an ordinary instance the ORM can write
 
 
@@ -535,4 +537,5 @@ def test_claim__a_site_with_post_init_receivers_gets_the_orms_construction():
         claimed = claim("w", queues=["default"], operations=["durable.noop"], lease_seconds=30)
     finally:
         post_init.disconnect(receiver, sender=Job)
-    assert claimed is not None and id(claimed[1]) in seen
+    assert claimed is not None
+    assert id(claimed[1]) in seen
