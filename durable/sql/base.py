@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from functools import partial
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -38,6 +38,16 @@ Row = tuple[Any, ...]
 # A timestamp as a driver takes it: a datetime (psycopg) or Django's text (sqlite3).
 Stamp = datetime | str | None
 T = TypeVar("T")
+
+
+class NextClaim(NamedTuple):
+    """A claim to make in the transaction that finishes a job: the finishing thread's
+    next job, from this worker's queues and operations (``durable.lease.finish_unit``)."""
+
+    owner: str
+    queues: list[str]
+    operations: list[str]
+    lease_seconds: float
 
 
 class Cursor(Protocol):
@@ -294,6 +304,24 @@ class Statements(ABC):
         ``params``: [checkpoint JSON, units_total, now, now, *fenced]; ``result``:
         [key, result JSON, now]. Returns (state, event_seq, units_done), or None for
         a lost lease. Reaches the fault point ``finish_before_commit``.
+        """
+
+    @abstractmethod
+    def finish_and_claim(
+        self,
+        cursor: Cursor,
+        params: list[Any],
+        result: list[Any],
+        moment: datetime,
+        then: NextClaim,
+    ) -> tuple[Row, list[Row]] | None:
+        """``finish_unit`` and, in the same transaction, the claim of ``then``'s next job,
+        made only if the finish applied (a lost lease claims nothing).
+
+        ``moment``: the finish's time (read under the lock), the claim's too. Returns
+        the finish's (state, event_seq, units_done) and the claimed rows (as
+        ``claim_rows``': whole jobs, each followed by ``has_results``; the ``started``
+        event written), or None for a lost lease. Reaches ``finish_before_commit``.
         """
 
     # --- enqueue, worker registration ---------------------------------------------------

@@ -39,6 +39,7 @@ from .base import (
     RESULTS,
     SHARED_COLUMNS,
     Cursor,
+    NextClaim,
     Row,
     Stamp,
     Statements,
@@ -114,6 +115,11 @@ FINISH_UNIT = (
 INSERT_EVENT = (
     f"INSERT INTO {EVENTS} (job_id, seq, kind, message, data, created_at) VALUES (?, ?, ?, ?, ?, ?)"
 )
+
+# The events of a finish and of the claim made with it, in one INSERT: one VALUES row
+# each (job_id, seq, kind, message, data, now).
+INSERT_EVENTS = f"INSERT INTO {EVENTS} (job_id, seq, kind, message, data, created_at) VALUES "
+EVENT_VALUES = "(?, ?, ?, ?, ?, ?)"
 
 # --- enqueue (Django's cursor) ------------------------------------------------------------
 
@@ -350,6 +356,47 @@ class SQLite(Statements):
             cursor.execute(INSERT_EVENT, [job_id, seq, kind, message, json.dumps(data), now])
         faults.reach("finish_before_commit")  # written, not yet committed
         return state, seq, units_done
+
+    def finish_and_claim(
+        self,
+        cursor: Cursor,
+        params: list[Any],
+        result: list[Any],
+        moment: datetime,
+        then: NextClaim,
+    ) -> tuple[Row, list[Row]] | None:
+        """In ``write``'s one transaction: the finish's UPDATE and unit result, then the
+        claim's UPDATE (only once the finish applied), then one INSERT of both events."""
+        cursor.execute(FINISH_UNIT, params)
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        job_id, state, seq, units_done = row
+        key, encoded, now = result
+        cursor.execute(INSERT_RESULT, [job_id, key, encoded, now])
+        events: list[Any] = []
+        ending = finished(state, units_done)
+        if ending is not None:
+            kind, message, data = ending.event
+            events.append((job_id, seq, kind, message, json.dumps(data), now))
+        sql, values = self.claim(
+            moment,
+            owner=then.owner,
+            queues=then.queues,
+            operations=then.operations,
+            lease_seconds=then.lease_seconds,
+        )
+        cursor.execute(sql.replace("%s", "?"), values)
+        claimed: list[Row] = cursor.fetchall()
+        for started in claimed:
+            job, epoch, next_seq, attempts = (started[COLUMN_INDEX[name]] for name in CLAIM_FACTS)
+            facts = {"worker": then.owner, "epoch": epoch, "attempt": attempts + 1}
+            events.append((job, next_seq, "started", "", json.dumps(facts), now))
+        if events:
+            insert = INSERT_EVENTS + ", ".join([EVENT_VALUES] * len(events))
+            cursor.execute(insert, [value for event in events for value in event])
+        faults.reach("finish_before_commit")  # written, not yet committed
+        return (state, seq, units_done), claimed
 
     def insert_jobs(
         self, cursor: Cursor, *, values: list[Any], payload: str, facts: str, created: Stamp
