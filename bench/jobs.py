@@ -29,6 +29,10 @@ claim and the finish, not the unit. Printed, in one run on the database of
   measured from the ``enqueue()`` call (its own commit included) to the
   worker's ``started_at`` (``--latency-only``: just this).
 
+``--enqueue-only``: just the raw rates (before and after), ``enqueue()`` one
+job per transaction as a ratio of them, and the enqueue→start latency — the
+figures of issue 23's single enqueue, in a minute instead of several.
+
 Targets, one worker process (raw: pgbench's single-UPDATE rate on PostgreSQL,
 sqlite3's UPDATE+INSERT rate on SQLite):
 
@@ -353,6 +357,11 @@ def main() -> None:
     parser.add_argument("--bulk", type=int, default=10_000)
     parser.add_argument("--raw-seconds", type=float, default=3.0)
     parser.add_argument("--latency-only", action="store_true", help="only the pings")
+    parser.add_argument(
+        "--enqueue-only",
+        action="store_true",
+        help="only the raw rates, enqueue() one per transaction and the pings",
+    )
     args = parser.parse_args()
     url = configure("bench-jobs.sqlite3")
     from django.db import connection
@@ -361,6 +370,9 @@ def main() -> None:
     print(f"database: {connection.vendor} ({url.split('@')[-1]}); source: {BASE_DIR}")
     if args.latency_only:
         _print_latency(latency(args.pings), pg)
+        return
+    if args.enqueue_only:
+        _enqueue_only(args, pg)
         return
     raw_1 = raw_rates(args.raw_seconds, pg)
     _print_raw("raw commits", raw_1)
@@ -388,17 +400,33 @@ def main() -> None:
     print(
         f"claim desk at --concurrency 8: {eight / alone:.2f} x the drain of threads claiming alone"
     )
-    target = 0.50 if pg else 0.15
-    print(
-        f"enqueue(), one per transaction: {single:,.0f} jobs/s = {single / base:.3f} x raw "
-        f"(target >= {target:.2f})"
-    )
+    _print_single(single, raw, pg)
     if bulk is None:
         print("enqueue_many: not available in this version")
     else:
         target = 10_000 if pg else 20_000
         print(f"enqueue_many of {args.bulk:,}: {bulk:,.0f} jobs/s (target >= {target:,})")
     _print_latency(samples, pg)
+
+
+def _enqueue_only(args: argparse.Namespace, pg: bool) -> None:
+    """The raw rates around ``enqueue()`` one per transaction, then the pings."""
+    raw_1 = raw_rates(args.raw_seconds, pg)
+    _print_raw("raw commits", raw_1)
+    single = enqueue_single(args.raw_seconds)
+    raw_2 = raw_rates(args.raw_seconds, pg)
+    _print_raw("raw commits again", raw_2)
+    _print_single(single, Raw.mean(raw_1, raw_2), pg)
+    _print_latency(latency(args.pings), pg)
+
+
+def _print_single(single: float, raw: Raw, pg: bool) -> None:
+    target = 0.50 if pg else 0.15
+    print(
+        f"enqueue(), one per transaction: {single:,.0f} jobs/s = {single / raw.limit:.3f} x raw "
+        f"(target >= {target:.2f}); {single / raw.django_pair:.3f} x UPDATE+INSERT "
+        f"through Django's cursor"
+    )
 
 
 def _print_latency(samples: list[float], pg: bool) -> None:

@@ -1,19 +1,28 @@
 """The ingest's bulk path: many JSONL lines into Recovery events per statement.
 
-``INSERT … ON CONFLICT DO NOTHING`` on the line identity, multi-row on SQLite
-and one ``unnest()`` of column arrays on PostgreSQL, on the driver's own cursor
-(Django's cursor wrapper would cost as much as the inserts themselves).
+SQLite: multi-row ``INSERT … ON CONFLICT DO NOTHING`` on the line identity.
+PostgreSQL: one binary ``COPY … FROM STDIN`` per batch, inside a savepoint —
+the fastest way in, and its statement-level trigger keeps the day counts as an
+INSERT's does. COPY has no ``ON CONFLICT``: a batch holding a line already
+there (a replay after a lost cursor, a re-imported file) fails with a unique
+violation, is rolled back to the savepoint and goes in again as one
+``unnest()`` of column arrays ``… ON CONFLICT DO NOTHING``. Both on the
+driver's own cursor (Django's cursor wrapper would cost as much as the
+inserts themselves).
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
+from ipaddress import ip_address
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
+
+from durable import faults
 
 from ..models import RecoveryEvent
 from ..parsing import NO_OBJECTS, LineEvent
@@ -88,6 +97,7 @@ class _LineInsert:
         table = connection.ops.quote_name(RecoveryEvent._meta.db_table)
         if self.pg:
             self.unnest = _unnest_statement(table)
+            self.copy = _copy_statement(table)
             return
         # SQLite: multi-row VALUES, in two shapes (every column, or a plain line's).
         self.full = _Shape(
@@ -141,6 +151,25 @@ def _unnest_statement(table: str) -> str:
     )
 
 
+# The COPY's columns and the types its binary rows are written as, in row order
+# (``_PG_ARRAYS`` ends with ts, source_line).
+_COPY_TYPES = {
+    **{name: "int4" if kind == "int" else kind for name, kind in _PG_ARRAYS.items()},
+    "recorded_at": "timestamptz",
+    "operation": "text",
+    "reason": "text",
+    "reclaimed": "bool",
+}
+# The last three columns of every COPY row: what other writers give a line's event.
+_COPY_CONSTANTS = ("", "", False)
+
+
+def _copy_statement(table: str) -> str:
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(c) for c in _COPY_TYPES)
+    return f"COPY {table} ({columns}) FROM STDIN (FORMAT binary)"
+
+
 _inserts: dict[str, _LineInsert] = {}
 
 
@@ -168,7 +197,7 @@ def insert_lines(
     """
     sql = _line_insert()
     if sql.pg:
-        return _insert_lines_pg(sql.unnest, events, prefix=prefix, recorded_at=recorded_at)
+        return _insert_lines_pg(sql, events, prefix=prefix, recorded_at=recorded_at)
     recorded = connection.ops.adapt_datetimefield_value(recorded_at)
     dumps = json.dumps
     connection.ensure_connection()
@@ -213,6 +242,7 @@ def insert_lines(
                 titles = dumps(list(event[12])) if event[12] else None
                 pending += (*event[:11], ids, titles, event[13], ts, recorded, key)
             pending_rows += 1
+        faults.reach("ingest.mid_insert")  # crash tests: the batch's last statement unsent
         flush()
     finally:
         cursor.close()
@@ -220,12 +250,74 @@ def insert_lines(
 
 
 def _insert_lines_pg(
+    sql: _LineInsert,
+    events: Iterable[tuple[int, int, LineEvent]],
+    *,
+    prefix: str,
+    recorded_at: datetime,
+) -> int:
+    """COPY the batch in; if a line is already there, insert it again skipping those."""
+    events = events if isinstance(events, Sequence) else list(events)
+    rows = _copy_rows(events, prefix, recorded_at)
+    if not rows:
+        return 0
+    import psycopg  # only ever needed on PostgreSQL
+
+    connection.ensure_connection()
+    try:
+        with transaction.atomic(), psycopg.Cursor(connection.connection) as cursor:
+            with cursor.copy(sql.copy) as copy:
+                copy.set_types(list(_COPY_TYPES.values()))
+                write = copy.write_row
+                half = len(rows) // 2
+                for row in rows[:half]:
+                    write(row)
+                faults.reach("ingest.mid_insert")  # crash tests: half a batch sent
+                for row in rows[half:]:
+                    write(row)
+            return len(rows)
+    except psycopg.errors.UniqueViolation:
+        # Rolled back to the savepoint: nothing of the COPY remains.
+        return _unnest_lines_pg(sql.unnest, events, prefix=prefix, recorded_at=recorded_at)
+
+
+def _copy_rows(
+    events: Iterable[tuple[int, int, LineEvent]], prefix: str, recorded_at: datetime
+) -> list[tuple]:
+    """The batch as COPY rows, in ``_COPY_TYPES`` order; Python values the binary format takes.
+
+    Addresses become ``ipaddress`` objects and object lists stay lists (the
+    jsonb dumper encodes them), so every row is written by the driver's C code.
+    """
+    rows: list[tuple] = []
+    append = rows.append
+    for offset, crc, event in events:
+        ipv4, ipv6, ids, titles = event[9], event[10], event[11], event[12]
+        append(
+            (
+                *event[:9],
+                ip_address(ipv4) if ipv4 else None,
+                ip_address(ipv6) if ipv6 else None,
+                list(ids) if ids else None,
+                list(titles) if titles else None,
+                event[13],
+                event[14],
+                f"{prefix}{offset:012x}:{crc:08x}",  # policy.line_key, inlined
+                recorded_at,
+                *_COPY_CONSTANTS,
+            )
+        )
+    return rows
+
+
+def _unnest_lines_pg(
     statement: str,
     events: Iterable[tuple[int, int, LineEvent]],
     *,
     prefix: str,
     recorded_at: datetime,
 ) -> int:
+    """The batch as one ``unnest()`` insert that skips lines already there."""
     columns: list[list[Any]] = [[] for _ in _PG_ARRAYS]
     (types, severities, sources, dbs, details, dones, deleteds, user_ids, usernames, ipv4s,
      ipv6s, ids, titles, counts, stamps, keys) = columns  # fmt: skip

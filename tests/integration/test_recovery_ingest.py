@@ -14,16 +14,21 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from durable import jobs
 from durable.models import Job, UnitResult
 from durable.operations import Access, get_operation, may_start
-from recovery.models import EventType, IngestCursor, IngestPath, RecoveryEvent
+from recovery.dashboard import listing, sql
+from recovery.dashboard.listing import recovery_listing
+from recovery.dashboard.query import parse_table_query
+from recovery.models import DailyCount, EventType, IngestCursor, IngestPath, RecoveryEvent
 from recovery.operations import job_summary
 from recovery.parsing import parse_line
 from recovery.policy import Position, line_key, line_prefix
 from recovery.receivers import enqueue_ingest
+from recovery.records import lines
 from recovery.records.cursors import advance_cursor, follow, position_of
 from recovery.records.lines import insert_lines
 from recovery.tailer import canonical
@@ -484,6 +489,80 @@ def test_insert_lines__a_replayed_batch_inserts_nothing():
         line_key(prefix, at, crc) for at, crc in ((0, 11), (30, 12), (60, 13), (90, 14))
     ]
     assert RecoveryEvent.objects.get(source_line=keys[1]).object_ids == ["b1"]
+
+
+# Every kind of column a line fills: plain, actor, both address families, objects, no ts.
+VARIED_LINES = [
+    b'{"type": "backup-created", "detail": "needle plain", "db": "wekan",'
+    b' "ts": "2026-11-30T10:00:00Z"}',
+    b'{"type": "restore-backup", "severity": "error", "done": false, "deleted_data": true,'
+    b' "userId": "u1", "username": "admin", "ip": "::ffff:192.0.2.7", "boardIds": ["b1", "b2"],'
+    b' "boardTitles": ["One"], "detail": "needle full", "ts": "2026-12-01T00:00:01+02:00"}',
+    b'{"type": "integrity-ok", "ip": "2001:db8::1", "detail": "caf\\u00e9 needle", "ts": ""}',
+    b'{"type": "remigrate", "ipv4": "198.51.100.4", "objects": [1, 2, 3], "done": true}',
+]
+_COMPARED = [
+    "type", "severity", "source", "db", "detail", "done", "deleted_data", "user_id", "username",
+    "ipv4", "ipv6", "object_ids", "object_titles", "object_count", "ts", "recorded_at",
+    "operation", "reason", "reclaimed",
+]  # fmt: skip
+
+
+def _rows_of(prefix: str) -> list[tuple]:
+    rows = RecoveryEvent.objects.filter(source_line__startswith=prefix).order_by("source_line")
+    return list(rows.values_list(*_COMPARED))
+
+
+def _day_counts() -> list[tuple]:
+    return sorted(DailyCount.objects.filter(events__gt=0).values_list("day", "events"))
+
+
+def _search(q: str) -> list[str]:
+    query = parse_table_query({"q": q, "per_page": "100"}, listing.RECOVERY_FILTERS)
+    return sorted(event.source_line for event in recovery_listing(query).rows)
+
+
+def test_insert_lines__the_copy_and_its_fallback_write_the_same_rows_counts_and_search(
+    monkeypatch,
+):
+    """PostgreSQL COPYs a batch, or inserts it skipping lines already there if one is.
+
+    The second batch holds a line already imported: the COPY fails on its
+    identity and the batch goes in through the fallback. Both must give the
+    same rows, the same day counts and the same search results (SQLite has
+    one path; the same assertions hold there).
+    """
+    batch = [(n * 100, n, parse_line(raw)) for n, raw in enumerate(VARIED_LINES)]
+    assert all(isinstance(event, tuple) for _, _, event in batch)
+    now = timezone.now()
+    fallbacks = []
+    unnest = lines._unnest_lines_pg
+    monkeypatch.setattr(
+        lines, "_unnest_lines_pg", lambda *a, **kw: fallbacks.append(1) or unnest(*a, **kw)
+    )
+    copied, fallen_back = line_prefix("copied", 0), line_prefix("fallback", 0)
+    assert insert_lines(batch, prefix=copied, recorded_at=now) == 4
+    assert insert_lines(batch[-1:], prefix=fallen_back, recorded_at=now) == 1
+    assert insert_lines(batch, prefix=fallen_back, recorded_at=now) == 3  # one was there
+    assert len(fallbacks) == (1 if connection.vendor == "postgresql" else 0)
+    rows = _rows_of(copied)
+    assert rows == _rows_of(fallen_back)
+    assert {row[9] for row in rows} == {None, "192.0.2.7", "198.51.100.4"}
+    assert {row[10] for row in rows} == {None, "2001:db8::1"}
+    assert [row[11] for row in rows] == [None, ["b1", "b2"], None, None]
+    assert RecoveryEvent.objects.filter(source_line__startswith=fallen_back).count() == 4
+    if sql.deferred(connection):
+        sql.catch_up(connection)
+    counts = _day_counts()
+    assert sum(events for _, events in counts) == 8
+    assert all(events % 2 == 0 for _, events in counts)  # each line twice, once per prefix
+    sql.rebuild(connection.alias)  # recounted from the events: the same
+    assert _day_counts() == counts
+    found = _search("needle")
+    assert len(found) == 6
+    assert [key for key in found if key.startswith(copied)] == [
+        key.replace(fallen_back, copied) for key in found if key.startswith(fallen_back)
+    ]
 
 
 def test_insert_lines__an_object_count_without_usable_objects_is_kept():

@@ -81,6 +81,8 @@ STEADY_PACE = {"DURABLE_UNIT_TARGET_SECONDS": "60"}
     ("fault", "committed_before_the_crash"),
     [
         ("after_unit:2", 1),  # batch 2 inserted, checkpoint not yet committed
+        # Batch 2 half sent (PostgreSQL: mid-COPY; SQLite: its last statement unsent).
+        ("ingest.mid_insert:2", 1),
         ("after_checkpoint:2", 3),  # batch 2 committed with its checkpoint
         ("before_complete:1", 10),  # everything committed, job not yet completed
     ],
