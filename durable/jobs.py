@@ -114,10 +114,25 @@ def log_state(job: JobFacts, kind: str, **extra: Any) -> None:
 
 
 def announce_change(
-    job: JobFacts, old_state: str, kind: str, message: str, data: dict[str, Any]
+    job: JobFacts,
+    old_state: str,
+    kind: str,
+    message: str,
+    data: dict[str, Any],
+    *,
+    committed: bool = False,
 ) -> None:
+    """Log the change and send ``job_state_changed`` once it has committed.
+
+    ``committed``: the caller's own write already committed (the hot path's claims
+    and finishes, their own transactions), so the signal goes now, without asking
+    the connection whether a transaction is open (a thread-local lookup per job).
+    """
     log_state(job, kind, previous=old_state)
-    signals.send_on_commit(
+    send = signals.send_now if committed else signals.send_on_commit
+    if committed and not signals.job_state_changed.receivers:
+        return
+    send(
         signals.job_state_changed,
         job_id=job.pk,
         operation=job.operation,

@@ -172,10 +172,12 @@ def claim_many(
         # One transaction of its own; on SQLite the write lock is taken first, so the
         # lease's expiry is computed once it is held, never before a wait for it.
         rows = sql.write(conn, lambda cursor: rows_of(cursor, driver=True)) or []
-    return _claimed(conn, owner, rows)
+    return _claimed(conn, owner, rows, committed=not conn.in_atomic_block)
 
 
-def _claimed(conn: BaseDatabaseWrapper, owner: str, rows: list[Row]) -> list[tuple[Lease, Job]]:
+def _claimed(
+    conn: BaseDatabaseWrapper, owner: str, rows: list[Row], *, committed: bool
+) -> list[tuple[Lease, Job]]:
     """Claimed rows as leases and jobs, in the pick's order, their ``started`` announced."""
     sql = statements(conn)
     claimed = []
@@ -188,7 +190,7 @@ def _claimed(conn: BaseDatabaseWrapper, owner: str, rows: list[Row]) -> list[tup
         claimed.sort(key=lambda pair: (-pair[1].priority, pair[1].next_attempt_at, pair[1].pk))
     for _, job in claimed:
         data = {"worker": owner, "epoch": job.lease_epoch, "attempt": job.attempts + 1}
-        announce_change(job, JobState.QUEUED, "started", "", data)
+        announce_change(job, JobState.QUEUED, "started", "", data, committed=committed)
     return claimed
 
 
@@ -425,7 +427,8 @@ def finish_unit(
         row = sql.finish_unit(cursor, params, [key, encoded, now])
         return None if row is None else (row, [])
 
-    if conn.in_atomic_block:
+    committed = not conn.in_atomic_block  # a transaction of its own, committed on return
+    if not committed:
         with transaction.atomic():
             conn.ensure_connection()
             cursor = conn.connection.cursor()
@@ -443,7 +446,7 @@ def finish_unit(
     if ending is None:
         log_state(ended, "lease_released", reason=ended.state)
     else:
-        announce_change(ended, ending.old_state, *ending.event)
+        announce_change(ended, ending.old_state, *ending.event, committed=committed)
     if rows and then is not None:
-        ended = ended._replace(next=_claimed(conn, then.owner, rows)[0])
+        ended = ended._replace(next=_claimed(conn, then.owner, rows, committed=True)[0])
     return ended
