@@ -131,7 +131,7 @@ def raw_rows(path: Path) -> tuple[list[str], list[tuple]]:
     if not sqlite:  # binary COPY rows, exactly as the import writes them
         from recovery.records import lines
 
-        return list(lines._COPY_TYPES), lines._copy_rows(chunk.events, "raw:", now)
+        return list(lines._COPY_TYPES), list(lines._copy_rows(chunk.events, "raw:", now))
     rows = []
     for offset, crc, event in chunk.events:
         ts = event[14]

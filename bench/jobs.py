@@ -29,9 +29,14 @@ claim and the finish, not the unit. Printed, in one run on the database of
   measured from the ``enqueue()`` call (its own commit included) to the
   worker's ``started_at`` (``--latency-only``: just this).
 
-``--enqueue-only``: just the raw rates (before and after), ``enqueue()`` one
-job per transaction as a ratio of them, and the enqueue→start latency — the
-figures of issue 23's single enqueue, in a minute instead of several.
+``--enqueue-only``: just ``enqueue()`` one job per transaction and the
+enqueue→start latency — the figures of issue 23's single enqueue. On a shared
+machine the database's commit rate swings several-fold within a minute, so the
+raw rate and the enqueue rate are measured in ``--rounds`` alternating slices
+and each slice's ratio printed with their median; beside them the client CPU
+per enqueue (this process's: on PostgreSQL the server's work is excluded, on
+SQLite the library's is in it), the figure that moves least with the
+neighbours' load.
 
 Targets, one worker process (raw: pgbench's single-UPDATE rate on PostgreSQL,
 sqlite3's UPDATE+INSERT rate on SQLite):
@@ -290,10 +295,32 @@ def drain(count: int, concurrency: int, claim_batch: int | None = None) -> tuple
 
 
 def enqueue_single(seconds: float) -> float:
+    return enqueue_single_cpu(seconds)[0]
+
+
+def enqueue_single_cpu(seconds: float) -> tuple[float, float]:
+    """(enqueue() calls per second, one job per transaction; this process's CPU
+    seconds per call)."""
     from durable.jobs import enqueue
 
     _reset()
-    return _timed_loop(seconds, lambda n: enqueue("durable.noop", {"units": 1}))
+    calls = [0]
+
+    def one(n: int) -> None:
+        enqueue("durable.noop", {"units": 1})
+        calls[0] += 1
+
+    cpu = time.process_time()
+    rate = _timed_loop(seconds, one)
+    return rate, (time.process_time() - cpu) / calls[0]
+
+
+def limit_rate(seconds: float, pg: bool) -> float:
+    """The database's own limit alone (pgbench / sqlite3), without Django's loops."""
+    if not pg:
+        return sqlite_rate(seconds)
+    rate = pgbench_rate(seconds)
+    return rate if rate is not None else django_rates(seconds)[0]
 
 
 def enqueue_bulk(count: int) -> float | None:
@@ -361,6 +388,7 @@ def main() -> None:
     parser.add_argument("--bulk", type=int, default=10_000)
     parser.add_argument("--raw-seconds", type=float, default=3.0)
     parser.add_argument("--latency-only", action="store_true", help="only the pings")
+    parser.add_argument("--rounds", type=int, default=4, help="--enqueue-only: alternating slices")
     parser.add_argument(
         "--enqueue-only",
         action="store_true",
@@ -414,13 +442,27 @@ def main() -> None:
 
 
 def _enqueue_only(args: argparse.Namespace, pg: bool) -> None:
-    """The raw rates around ``enqueue()`` one per transaction, then the pings."""
-    raw_1 = raw_rates(args.raw_seconds, pg)
-    _print_raw("raw commits", raw_1)
-    single = enqueue_single(args.raw_seconds)
-    raw_2 = raw_rates(args.raw_seconds, pg)
-    _print_raw("raw commits again", raw_2)
-    _print_single(single, Raw.mean(raw_1, raw_2), pg)
+    """``enqueue()`` one per transaction in slices alternating with the raw rate, then
+    the pings."""
+    raw = raw_rates(args.raw_seconds, pg)
+    _print_raw("raw commits", raw)
+    target = 0.50 if pg else 0.15
+    ratios, rates, cpus = [], [], []
+    for n in range(1, max(1, args.rounds) + 1):
+        limit = limit_rate(args.raw_seconds, pg)
+        rate, cpu = enqueue_single_cpu(args.raw_seconds)
+        ratios.append(rate / limit)
+        rates.append(rate)
+        cpus.append(cpu)
+        print(
+            f"  slice {n}: {raw.limit_name} {limit:,.0f} tx/s, enqueue() {rate:,.0f} jobs/s "
+            f"= {rate / limit:.3f} x raw, client CPU {cpu * 1e6:.0f} us per enqueue"
+        )
+    print(
+        f"enqueue(), one per transaction: median {statistics.median(rates):,.0f} jobs/s = "
+        f"{statistics.median(ratios):.3f} x raw (median of {len(ratios)} slices; target >= "
+        f"{target:.2f}); client CPU {statistics.median(cpus) * 1e6:.0f} us per enqueue"
+    )
     _print_latency(latency(args.pings), pg)
 
 

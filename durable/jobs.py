@@ -27,7 +27,7 @@ from .models import Job, JobEvent
 from .operations import Operation, get_operation, max_input_bytes
 from .policy import MAX_ERROR_MESSAGE_BYTES, truncate_utf8
 from .rules import UNIQUE_KEY_MAX, priority_from, queue_name_problem
-from .sanitize import clean_input
+from .sanitize import clean_and_encode, clean_input
 from .sql import statements
 from .sql.base import SHARED_FIELDS
 from .states import FINISHED_STATES, Action, Decision, JobState, OnRestart, decide
@@ -174,9 +174,18 @@ def clean_job_input(op: Operation, data: Any) -> dict[str, Any]:
     Also for whoever must know beforehand what ``enqueue`` will make of an input
     (a schedule checking it, a command comparing it with an unfinished job's).
     """
-    data = clean_input(data, max_bytes=max_input_bytes())
-    data = op.clean_input(data)
-    return clean_input(data, max_bytes=max_input_bytes())
+    return clean_and_encode_input(op, data)[0]
+
+
+def clean_and_encode_input(op: Operation, data: Any) -> tuple[dict[str, Any], str]:
+    """``clean_job_input`` and the JSON text of the result, encoded once (the last
+    check's measure is what the row stores). An operation without a ``clean_input``
+    of its own has its input checked once: nothing can have changed it."""
+    limit = max_input_bytes()
+    if type(op).clean_input is Operation.clean_input:
+        return clean_and_encode(data, max_bytes=limit)
+    data = clean_input(data, max_bytes=limit)
+    return clean_and_encode(op.clean_input(data), max_bytes=limit)
 
 
 def enqueue(
@@ -209,7 +218,7 @@ def enqueue(
     100; anything else raises ``InputRejected``.
     """
     op = get_operation(operation)
-    data = clean_job_input(op, input)
+    data, encoded = clean_and_encode_input(op, input)
     common = _common_fields(
         op,
         owner,
@@ -224,8 +233,16 @@ def enqueue(
     if unique_key is None:
         unique_key = op.unique_key(data)
     _check_unique_key(unique_key)
+    # Outside any transaction the job is its own: one statement on PostgreSQL, one
+    # write turn on SQLite, on the driver's cursor. Inside the caller's, it joins it.
+    alone = not connection.in_atomic_block and connection.get_autocommit()
     for _ in range(3):
         try:
+            if alone:
+                return _create_alone(
+                    op.name, data, encoded, now=now, run_after=run_after, unique_key=unique_key,
+                    **common,
+                )  # fmt: skip
             return _create(
                 op.name, data, now=now, run_after=run_after, unique_key=unique_key, **common
             )
@@ -267,6 +284,37 @@ def _create(
         _insert_many([job], fields, now)
         announce_change(job, "", "enqueued", "", {})
     job.created = True
+    return job
+
+
+def _create_alone(
+    operation: str,
+    data: dict[str, Any],
+    encoded: str,
+    *,
+    now: datetime,
+    run_after: datetime | None,
+    **fields: Any,
+) -> Job:
+    """``_create`` outside any transaction: ``insert_job`` commits the job and its event
+    (no ORM, no savepoint: nothing else is in the transaction to protect), then the
+    state log and the signal, after the commit as ``_create``'s are."""
+    values = _template_values()
+    values[_POSITION["operation"]], values[_INPUT], values[_ERRORS] = operation, data, []
+    for name, value in fields.items():
+        values[_POSITION[name]] = value
+    values[_POSITION["next_attempt_at"]] = run_after or now
+    values[_POSITION["created_at"]] = values[_POSITION["updated_at"]] = now
+    job = _by_position(*values)
+    sql = statements(connection)
+    facts = json.dumps({"owner": fields["owner"], "queue": fields["queue"]})
+    job.pk = sql.insert_job(
+        connection, sql.job_values(connection, job, encoded), facts, sql.timestamp(connection, now)
+    )
+    job._state.adding = False
+    job.created = True
+    log_state(job, "enqueued", previous="")
+    _announce_enqueued([job])
     return job
 
 
@@ -370,9 +418,18 @@ def _check_unique_key(key: str | None) -> None:
 _FIELDS = Job._meta.concrete_fields
 # Job(*values): Model.__init__'s positional path, which django-stubs knows only by keyword.
 _by_position: Callable[..., Job] = Job
-_INPUT, _KEY, _ERRORS = (
-    [f.attname for f in _FIELDS].index(name) for name in ("input", "unique_key", "errors")
-)
+_POSITION = {f.attname: n for n, f in enumerate(_FIELDS)}
+_INPUT, _KEY, _ERRORS = (_POSITION[name] for name in ("input", "unique_key", "errors"))
+_template: list[Any] = []
+
+
+def _template_values() -> list[Any]:
+    """A new job's field values by position, the model's defaults (``_create_alone``
+    overwrites the ones enqueue sets, and gives each job its own ``errors`` list)."""
+    if not _template:
+        job = Job(event_seq=1)
+        _template.extend(getattr(job, f.attname) for f in _FIELDS)
+    return list(_template)
 
 
 def _create_many(
@@ -467,6 +524,8 @@ def _insert_many(jobs: list[Job], common: dict[str, Any], now: datetime) -> None
 
 
 def _announce_enqueued(jobs: list[Job]) -> None:
+    if not signals.job_state_changed.receivers:
+        return
     for job in jobs:
         signals.send_now(
             signals.job_state_changed,

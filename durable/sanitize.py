@@ -110,12 +110,22 @@ def _check(value: Any, path: str, depth: int) -> None:
 
 def clean_input(value: Any, *, max_bytes: int) -> dict[str, Any]:
     """Return ``value`` if it is a safe JSON object, else raise InputRejected."""
+    return clean_and_encode(value, max_bytes=max_bytes)[0]
+
+
+def clean_and_encode(value: Any, *, max_bytes: int) -> tuple[dict[str, Any], str]:
+    """``clean_input``, also returning the JSON text it measured: what the row stores.
+
+    The size check encodes the input anyway; ``enqueue`` writes that text rather
+    than encoding the same value again for the database.
+    """
     if value is None:
         value = {}
     if not isinstance(value, dict):
         raise InputRejected("input", "must be a JSON object")
     _check(value, "", 0)
-    size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    size = len(text) if text.isascii() else len(text.encode("utf-8"))
     if size > max_bytes:
         raise InputRejected("input", f"is {size} bytes; the limit is {max_bytes}")
-    return value
+    return value, text

@@ -85,6 +85,8 @@ def send_now(signal: Signal, *, raise_unreachable: bool = False, **kwargs: Any) 
     outage itself (the worker's housekeeping, which sends ``worker_heartbeat``
     every few seconds, says once that the database is gone, not once per beat).
     """
+    if not signal.receivers:
+        return  # nobody listens: not even send_robust's lookup
     lost: BaseException | None = None
     for receiver, result in signal.send_robust(sender="durable", **kwargs):
         if not isinstance(result, Exception):

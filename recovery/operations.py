@@ -18,10 +18,12 @@ one name or two) cannot both import it. Every line also carries its
 identity (file tag and generation, offset, CRC) under a unique constraint,
 so even a replay that got past all of that inserts nothing twice.
 
-Reading happens in ``units()`` (outside the write transaction); ``run_unit``
-only inserts. The parsed batch passes from one to the other in memory, keyed
-by job, lease epoch and unit key: a unit payload is bounded JSON, and a batch
-of thousands of lines does not belong in it.
+Reading happens in ``units()`` (outside the write transaction), cutting the
+bytes into lines; ``run_unit`` parses them, 2,000 lines at a time one step
+ahead on a thread, while it inserts the step before. The batch passes from
+one to the other in memory, keyed by job, lease epoch and unit key: a unit
+payload is bounded JSON, and a batch of thousands of lines does not belong
+in it.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Generator, Iterator
+from contextlib import closing
 from dataclasses import dataclass, replace
+from itertools import chain
 from typing import Any
 
 from django.db import transaction
@@ -371,7 +375,11 @@ class IngestRecoveryEvents(Operation):
         if chunk is None:
             return result
         prefix = batch.after.prefix
-        inserted = insert_lines(chunk.events, prefix=prefix, recorded_at=timezone.now())
+        # Read here, a step ahead on a thread while the step before is written;
+        # closed (its thread joined) before this unit ends, even on an error.
+        with closing(chunk.parsed()) as steps:
+            events = chain.from_iterable(steps)
+            inserted = insert_lines(events, prefix=prefix, recorded_at=timezone.now())
         # In this unit's transaction: a replayed batch publishes nothing twice.
         published = publish_errors(chunk.events, prefix=prefix)
         if published:

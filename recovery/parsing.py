@@ -8,11 +8,13 @@ strings without NUL characters or lone surrogates (PostgreSQL refuses both)
 and within their column sizes, IP addresses split by family with IPv4-mapped
 IPv6 stored as IPv4, and affected object lists bounded to 200 entries.
 
-``parse_chunk`` turns a block of bytes read from the file into events plus
+``frame_chunk`` cuts a block of bytes read from the file into lines with
 the bookkeeping the ingest needs: the byte offset of every line (its stable
-identity), a running CRC-32 of everything read so far, and per-reason skip
-counts. It is one pass over the bytes, because the ingest has to keep up
-with files of millions of lines.
+identity), a running CRC-32 of everything read so far; ``Chunk.parsed``
+then turns the lines into events and per-reason skip counts, a step of
+lines ahead on a thread while the caller writes the last step
+(``parse_chunk`` does both at once). One pass over the bytes, because the
+ingest has to keep up with files of millions of lines.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import json
 import re
 import zlib
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -390,14 +393,26 @@ def _parse_leniently(raw: bytes) -> Any:
 # --- a chunk of the file -------------------------------------------------------------------
 
 
+# Lines parsed per step of ``Chunk.parsed``: the next step is parsed on a thread
+# while the caller writes this one.
+PARSE_AHEAD_LINES = 2_000
+PARSE_AHEAD_THREAD = "recovery-parse-ahead"  # its name, for ps and for tests
+
+# (events, skips as (reason, line offset), addresses dropped) of some lines.
+_Parsed = tuple[list[tuple[int, int, LineEvent]], list[tuple[Skip, int]], int]
+
+
 @dataclass
 class Chunk:
-    """What ``parse_chunk`` made of a block of bytes starting at ``offset``.
+    """A block of bytes starting at ``offset``, cut into lines; ``parsed`` reads them.
 
-    ``events`` holds ``(line offset, CRC-32 of the line, event)``.
-    ``consumed`` bytes are accounted for — imported, skipped or (in
-    ``skipping`` mode) part of an over-long line; the rest, if any, is an
-    unfinished last line left for the next read.
+    ``frame_chunk`` only cuts: ``consumed``, ``crc``, ``skipping`` and
+    ``lines`` — all the position after the chunk needs — are known at once.
+    ``events`` (``(line offset, CRC-32 of the line, event)``), ``skipped``,
+    ``first_skipped`` and ``ips_dropped`` are filled by ``parsed()`` (or
+    ``parse_chunk``). ``consumed`` bytes are accounted for — imported,
+    skipped or (in ``skipping`` mode) part of an over-long line; the rest, if
+    any, is an unfinished last line left for the next read.
     """
 
     offset: int
@@ -409,6 +424,11 @@ class Chunk:
     skipped: Counter = field(default_factory=Counter)
     first_skipped: dict[str, int] = field(default_factory=dict)
     ips_dropped: int = 0
+    # The complete lines, unread, without their newlines, and the offset of the first.
+    pieces: list[bytes] = field(default_factory=list, repr=False)
+    first_at: int = 0
+    # Where an over-long line that began in an earlier chunk ended in this one.
+    long_line_at: int | None = None
 
     @property
     def end(self) -> int:
@@ -417,6 +437,80 @@ class Chunk:
     def skip(self, reason: Skip, at: int) -> None:
         self.skipped[reason.value] += 1
         self.first_skipped.setdefault(reason.value, at)
+
+    def _steps(self, step_lines: int) -> list[tuple[list[bytes], int]]:
+        """The lines in steps of ``step_lines``: (lines, offset of the first)."""
+        steps, at, pieces = [], self.first_at, self.pieces
+        for start in range(0, len(pieces), step_lines):
+            part = pieces[start : start + step_lines]
+            steps.append((part, at))
+            at += sum(map(len, part)) + len(part)  # each line and its newline
+        return steps
+
+    def _restart(self) -> None:
+        """Forget what a previous reading found: reading again gives the same result."""
+        self.events, self.skipped, self.first_skipped, self.ips_dropped = [], Counter(), {}, 0
+        if self.long_line_at is not None:
+            self.skip(Skip.TOO_LONG, self.long_line_at)
+
+    def _take(self, parsed: _Parsed) -> list[tuple[int, int, LineEvent]]:
+        events, skips, dropped = parsed
+        self.events += events
+        for reason, at in skips:
+            self.skip(reason, at)
+        self.ips_dropped += dropped
+        return events
+
+    def parse_all(self) -> None:
+        """Read every line here, in this thread."""
+        self._restart()
+        for part, at in self._steps(len(self.pieces) or 1):
+            self._take(_parse_lines(part, at))
+
+    def parsed(
+        self, step_lines: int = PARSE_AHEAD_LINES
+    ) -> Generator[list[tuple[int, int, LineEvent]], None, None]:
+        """The events, ``step_lines`` lines' worth at a time; the next step is parsed ahead.
+
+        While the caller writes one step (the database works, the GIL is
+        free) a thread parses the next, so parsing costs the ingest little
+        wall time. Skips and events accumulate on the chunk exactly as
+        ``parse_all`` would leave them. The thread ends with the generator:
+        close it (``contextlib.closing``) when the caller may stop early, e.g.
+        on an error, and it is joined before ``close()`` returns.
+        """
+        self._restart()
+        steps = self._steps(step_lines)
+        if len(steps) <= 1:  # nothing to overlap: no thread
+            for part, at in steps:
+                yield self._take(_parse_lines(part, at))
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix=PARSE_AHEAD_THREAD) as pool:
+            ahead = pool.submit(_parse_lines, *steps[0])
+            for n in range(len(steps)):
+                parsed = ahead.result()
+                if n + 1 < len(steps):
+                    ahead = pool.submit(_parse_lines, *steps[n + 1])
+                yield self._take(parsed)
+
+
+def _parse_lines(pieces: list[bytes], at: int) -> _Parsed:
+    """Parse consecutive lines, the first at offset ``at``: (events, skips, addresses dropped)."""
+    events: list[tuple[int, int, LineEvent]] = []
+    skips: list[tuple[Skip, int]] = []
+    dropped = 0
+    crc32, parse, append = zlib.crc32, parse_line, events.append
+    # The loop runs once per line of a million-line file: locals only.
+    with _cyclic_gc_postponed():
+        for raw in pieces:
+            parsed = parse(raw)
+            if isinstance(parsed, LineEvent):
+                append((at, crc32(raw), parsed))
+                dropped += parsed.ips_dropped
+            else:
+                skips.append((parsed, at))
+            at += len(raw) + 1
+    return events, skips, dropped
 
 
 @contextmanager
@@ -447,7 +541,24 @@ def parse_chunk(
     max_lines: int = 10_000,
     final: bool = False,
 ) -> Chunk:
-    """Parse the complete lines of ``data`` (the file's bytes from ``offset``).
+    """``frame_chunk``, then every line read (``Chunk.parse_all``), in this thread."""
+    chunk = frame_chunk(
+        data, offset=offset, crc=crc, skipping=skipping, max_lines=max_lines, final=final
+    )
+    chunk.parse_all()
+    return chunk
+
+
+def frame_chunk(
+    data: bytes,
+    *,
+    offset: int,
+    crc: int,
+    skipping: bool = False,
+    max_lines: int = 10_000,
+    final: bool = False,
+) -> Chunk:
+    """Cut the complete lines of ``data`` (the file's bytes from ``offset``); read none yet.
 
     ``crc`` is the CRC-32 of the file before ``offset``; the chunk's ``crc``
     continues it over the bytes consumed. ``skipping`` says that ``offset``
@@ -458,64 +569,44 @@ def parse_chunk(
     that is already longer than any valid line is consumed in skipping mode,
     so a runaway writer cannot make every run re-read it.
 
-    Each event comes with its line's offset and the CRC-32 of the line's own
-    bytes: together with the file they identify the line.
+    Each event (``Chunk.parsed``) comes with its line's offset and the CRC-32
+    of the line's own bytes: together with the file they identify the line.
     """
-    with _cyclic_gc_postponed():
-        return _parse_chunk(data, offset, crc, skipping, max_lines, final)
-
-
-def _parse_chunk(
-    data: bytes, offset: int, crc: int, skipping: bool, max_lines: int, final: bool
-) -> Chunk:
     chunk = Chunk(offset=offset, skipping=skipping)
     size = len(data)
-    pos = lines = dropped = 0
+    pos = lines = 0
     if skipping:
         newline = data.find(b"\n")
         if newline < 0:
             pos = size
             if final:  # the rotated file ends inside the long line: it is over
-                chunk.skip(Skip.TOO_LONG, offset)
+                chunk.long_line_at = offset
                 lines, chunk.skipping = 1, False
         else:
             pos = newline + 1
-            chunk.skip(Skip.TOO_LONG, offset)
+            chunk.long_line_at = offset
             lines, chunk.skipping = 1, False
-    # The loop below runs once per line of a million-line file: one split,
-    # then locals only.
     end = data.rfind(b"\n", pos) + 1  # complete lines end here
     pieces = data[pos:end].split(b"\n") if end > pos else [b""]
     pieces[-1:] = []  # after the last newline: b""
     if len(pieces) > max_lines - lines:
         del pieces[max_lines - lines :]
-    crc32, parse, append = zlib.crc32, parse_line, chunk.events.append
-    for raw in pieces:
-        line_at = offset + pos
-        pos += len(raw) + 1
-        parsed = parse(raw)
-        if isinstance(parsed, LineEvent):
-            append((line_at, crc32(raw), parsed))
-            dropped += parsed.ips_dropped
-        else:
-            chunk.skip(parsed, line_at)
+    chunk.first_at = offset + pos
+    pos += sum(map(len, pieces)) + len(pieces)  # each line and its newline
     lines += len(pieces)
     if lines < max_lines and pos < size:
         rest = size - pos  # no newline in it
         if final:  # the rotated file's last line, newline or not
-            parsed = parse(data[pos:])
-            if isinstance(parsed, LineEvent):
-                chunk.events.append((offset + pos, crc32(data[pos:]), parsed))
-                dropped += parsed.ips_dropped
-            else:
-                chunk.skip(parsed, offset + pos)
+            pieces.append(data[pos:])
             pos, lines = size, lines + 1
         elif rest > MAX_LINE_BYTES + 1:
             chunk.skipping = True  # too long already; discard up to its newline
             pos = size
         # else: unfinished, wait for the writer
+    chunk.pieces = pieces
     chunk.consumed = min(pos, size)
     chunk.lines = lines
-    chunk.ips_dropped = dropped
     chunk.crc = zlib.crc32(memoryview(data)[: chunk.consumed], crc)
+    if chunk.long_line_at is not None:
+        chunk.skip(Skip.TOO_LONG, chunk.long_line_at)
     return chunk

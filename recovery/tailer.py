@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Self
 
-from .parsing import Chunk, parse_chunk
+from .parsing import Chunk, frame_chunk
 from .policy import HEAD_BYTES, TAIL_BYTES, Position, Probe, fingerprint, signature
 
 MAX_SIBLINGS_SCANNED = 5_000  # names beside the file looked at (a stat each) after a change
@@ -123,7 +123,10 @@ class OpenFile:
         batch_lines: int | Callable[[], int],
         final: bool = False,
     ) -> Iterator[tuple[Chunk, Position]]:
-        """Parse complete lines from ``start`` up to byte ``end``: (chunk, position after it).
+        """Cut complete lines from ``start`` up to byte ``end``: (chunk, position after it).
+
+        The lines are not read yet: ``Chunk.parsed`` does that, where they are
+        written, so parsing overlaps the database's work.
 
         A chunk covers at most ``batch_bytes`` bytes and ``batch_lines`` lines
         (a number, or a function asked before each chunk: ``Pacer.size``).
@@ -138,7 +141,7 @@ class OpenFile:
             if not data:
                 return  # the file shrank under us; the next run sees why
             at_end = position.offset + len(data) >= end
-            chunk = parse_chunk(
+            chunk = frame_chunk(
                 data,
                 offset=position.offset,
                 crc=position.crc,
@@ -148,7 +151,7 @@ class OpenFile:
             )
             if chunk.consumed == 0:
                 # Only an unfinished line is left: batch_bytes exceeds the longest
-                # valid line, and parse_chunk consumes anything longer itself.
+                # valid line, and frame_chunk consumes anything longer itself.
                 return
             after = Position(
                 file_id=position.file_id,

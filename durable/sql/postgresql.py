@@ -29,6 +29,8 @@ from ..endings import FINISH_CANCEL_MESSAGE
 from .base import (
     BUSY,
     EVENTS,
+    INSERT_COLUMNS,
+    INSERT_FIELDS,
     JOB,
     JOB_COLUMNS,
     LEASED,
@@ -192,6 +194,17 @@ INSERT_JOBS = (
     f"added AS (INSERT INTO {JOB} ({SHARED_COLUMNS}, input, unique_key) "
     f"SELECT {{picks}}, value -> 0, value ->> 1 FROM source ORDER BY n RETURNING id) "
     f"INSERT INTO {EVENTS} (job_id, seq, kind, message, data, created_at) "
+    f"SELECT id, 1, 'enqueued', '', %s::jsonb, %s FROM added RETURNING job_id"
+)
+# enqueue() outside a transaction: one job and its ``enqueued`` event, one statement on
+# the driver's cursor in autocommit mode — its own transaction, one round trip (the
+# ORM path costs the statement and a COMMIT). Not prepared: PgBouncer's transaction
+# pooling forbids server-side prepared statements. Parameters: INSERT_FIELDS' values
+# (the input as JSON text), the event's data and created_at.
+INSERT_JOB = (
+    f"WITH added AS (INSERT INTO {JOB} ({INSERT_COLUMNS}) VALUES ("
+    + ", ".join("%s::jsonb" if field.name == "input" else "%s" for field in INSERT_FIELDS)
+    + f") RETURNING id) INSERT INTO {EVENTS} (job_id, seq, kind, message, data, created_at) "
     f"SELECT id, 1, 'enqueued', '', %s::jsonb, %s FROM added RETURNING job_id"
 )
 # Workers register one at a time: a transaction-scoped advisory lock ("durable").
@@ -381,6 +394,17 @@ class PostgreSQL(Statements):
         picks = ", ".join(["%s"] * len(values))
         cursor.execute(INSERT_JOBS.replace("{picks}", picks), [payload, *values, facts, created])
         return sorted(row[0] for row in cursor.fetchall())
+
+    def insert_job(
+        self, conn: BaseDatabaseWrapper, values: list[Any], facts: str, created: Stamp
+    ) -> int:
+        def run(cursor: Cursor) -> int:
+            cursor.execute(INSERT_JOB, [*values, facts, created])
+            return int(cursor.fetchone()[0])
+
+        job_id = self.write(conn, run)
+        assert job_id is not None  # run never returns None
+        return job_id
 
     def serialize_registration(self, conn: BaseDatabaseWrapper) -> None:
         with conn.cursor() as cursor:

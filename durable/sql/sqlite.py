@@ -31,6 +31,8 @@ from ..endings import finished
 from .base import (
     COLUMN_INDEX,
     EVENTS,
+    INSERT_COLUMNS,
+    INSERT_FIELDS,
     JOB,
     JOB_COLUMNS,
     LEASED,
@@ -134,6 +136,18 @@ INSERT_JOBS = (
 INSERT_ENQUEUED = (
     f"INSERT INTO {EVENTS} (job_id, seq, kind, message, data, created_at) "
     f"SELECT value, 1, 'enqueued', '', %s, %s FROM json_each(%s)"
+)
+
+# enqueue() outside a transaction: one job and its ``enqueued`` event on the driver's
+# cursor, between ``write``'s BEGIN IMMEDIATE and COMMIT (in turn with this process's
+# other writers). Parameters: INSERT_FIELDS' values; job_id, data, created_at.
+INSERT_JOB = (
+    f"INSERT INTO {JOB} ({INSERT_COLUMNS}) VALUES ({', '.join(['?'] * len(INSERT_FIELDS))}) "
+    f"RETURNING id"
+)
+INSERT_ENQUEUED_EVENT = (
+    f"INSERT INTO {EVENTS} (job_id, seq, kind, message, data, created_at) "
+    f"VALUES (?, 1, 'enqueued', '', ?, ?)"
 )
 
 _hot_writers = threading.Lock()  # this process's threads, in turn (SQLite.write)
@@ -406,6 +420,19 @@ class SQLite(Statements):
         ids = sorted(row[0] for row in cursor.fetchall())
         cursor.execute(INSERT_ENQUEUED, [facts, created, json.dumps(ids)])
         return ids
+
+    def insert_job(
+        self, conn: BaseDatabaseWrapper, values: list[Any], facts: str, created: Stamp
+    ) -> int:
+        def run(cursor: Cursor) -> int:
+            cursor.execute(INSERT_JOB, values)
+            job_id = int(cursor.fetchone()[0])
+            cursor.execute(INSERT_ENQUEUED_EVENT, [job_id, facts, created])
+            return job_id
+
+        job_id = self.write(conn, run)
+        assert job_id is not None  # run never returns None
+        return job_id
 
     def serialize_registration(self, conn: BaseDatabaseWrapper) -> None:
         """Nothing: SQLite's writers take turns for its one write lock already."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from ipaddress import ip_address
 from typing import Any
@@ -160,6 +160,7 @@ _COPY_TYPES = {
     "reason": "text",
     "reclaimed": "bool",
 }
+_COPY_TYPE_LIST = list(_COPY_TYPES.values())
 # The last three columns of every COPY row: what other writers give a line's event.
 _COPY_CONSTANTS = ("", "", False)
 
@@ -256,58 +257,69 @@ def _insert_lines_pg(
     prefix: str,
     recorded_at: datetime,
 ) -> int:
-    """COPY the batch in; if a line is already there, insert it again skipping those."""
-    events = events if isinstance(events, Sequence) else list(events)
-    rows = _copy_rows(events, prefix, recorded_at)
-    if not rows:
+    """COPY the batch in; if a line is already there, insert it again skipping those.
+
+    Rows stream into the COPY as ``events`` yields them (``Chunk.parsed``
+    parses the next ones meanwhile). Those read are kept for the fallback.
+    """
+    events = iter(events)
+    first = next(events, None)
+    if first is None:
         return 0
     import psycopg  # only ever needed on PostgreSQL
 
+    read = [first]
     connection.ensure_connection()
     try:
-        with transaction.atomic(), psycopg.Cursor(connection.connection) as cursor:
-            with cursor.copy(sql.copy) as copy:
-                copy.set_types(list(_COPY_TYPES.values()))
-                write = copy.write_row
-                half = len(rows) // 2
-                for row in rows[:half]:
-                    write(row)
-                faults.reach("ingest.mid_insert")  # crash tests: half a batch sent
-                for row in rows[half:]:
-                    write(row)
-            return len(rows)
+        with (
+            transaction.atomic(),
+            psycopg.Cursor(connection.connection) as cursor,
+            cursor.copy(sql.copy) as copy,
+        ):
+            copy.set_types(_COPY_TYPE_LIST)
+            write = copy.write_row
+            rows = _copy_rows(_kept(events, read), prefix, recorded_at)
+            write(next(_copy_rows(read, prefix, recorded_at)))
+            faults.reach("ingest.mid_insert")  # crash tests: the COPY begun, not ended
+            for row in rows:
+                write(row)
+        return len(read)
     except psycopg.errors.UniqueViolation:
         # Rolled back to the savepoint: nothing of the COPY remains.
-        return _unnest_lines_pg(sql.unnest, events, prefix=prefix, recorded_at=recorded_at)
+        read += events  # any the COPY had not taken yet
+        return _unnest_lines_pg(sql.unnest, read, prefix=prefix, recorded_at=recorded_at)
+
+
+def _kept(items: Iterator[Any], into: list[Any]) -> Iterator[Any]:
+    """``items``, each appended to ``into`` as it passes."""
+    keep = into.append
+    for item in items:
+        keep(item)
+        yield item
 
 
 def _copy_rows(
     events: Iterable[tuple[int, int, LineEvent]], prefix: str, recorded_at: datetime
-) -> list[tuple]:
-    """The batch as COPY rows, in ``_COPY_TYPES`` order; Python values the binary format takes.
+) -> Iterator[tuple]:
+    """The lines as COPY rows, in ``_COPY_TYPES`` order; Python values the binary format takes.
 
     Addresses become ``ipaddress`` objects and object lists stay lists (the
     jsonb dumper encodes them), so every row is written by the driver's C code.
     """
-    rows: list[tuple] = []
-    append = rows.append
     for offset, crc, event in events:
         ipv4, ipv6, ids, titles = event[9], event[10], event[11], event[12]
-        append(
-            (
-                *event[:9],
-                ip_address(ipv4) if ipv4 else None,
-                ip_address(ipv6) if ipv6 else None,
-                list(ids) if ids else None,
-                list(titles) if titles else None,
-                event[13],
-                event[14],
-                f"{prefix}{offset:012x}:{crc:08x}",  # policy.line_key, inlined
-                recorded_at,
-                *_COPY_CONSTANTS,
-            )
+        yield (
+            *event[:9],
+            ip_address(ipv4) if ipv4 else None,
+            ip_address(ipv6) if ipv6 else None,
+            list(ids) if ids else None,
+            list(titles) if titles else None,
+            event[13],
+            event[14],
+            f"{prefix}{offset:012x}:{crc:08x}",  # policy.line_key, inlined
+            recorded_at,
+            *_COPY_CONSTANTS,
         )
-    return rows
 
 
 def _unnest_lines_pg(

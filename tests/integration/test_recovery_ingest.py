@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -20,12 +21,19 @@ from django.utils import timezone
 from durable import jobs
 from durable.models import Job, UnitResult
 from durable.operations import Access, get_operation, may_start
+from recovery import operations as ingest_operations
 from recovery.dashboard import listing, sql
 from recovery.dashboard.listing import recovery_listing
 from recovery.dashboard.query import parse_table_query
 from recovery.models import DailyCount, EventType, IngestCursor, IngestPath, RecoveryEvent
-from recovery.operations import job_summary
-from recovery.parsing import parse_line
+from recovery.operations import _Batch, job_summary
+from recovery.parsing import (
+    PARSE_AHEAD_LINES,
+    PARSE_AHEAD_THREAD,
+    frame_chunk,
+    parse_chunk,
+    parse_line,
+)
 from recovery.policy import Position, line_key, line_prefix
 from recovery.receivers import enqueue_ingest
 from recovery.records import lines
@@ -467,6 +475,57 @@ def test_ingest__a_directory_fails_with_a_clear_reason(tmp_path):
     job = drain(job.pk)
     assert job.state == "failed"
     assert "is not a regular file" in job.reason
+
+
+# --- parsed a step ahead, on a thread ----------------------------------------
+
+
+def _mixed_lines(count: int) -> bytes:
+    """Valid lines with a few of every kind of bad one spread through them."""
+    bad = [b"not json", b"[1, 2]", b'{"db": "wekan"}', b"   ", b'{"type": "caf\xe9"}']
+    lines = [
+        bad[n % len(bad)] if n % 331 == 0 else b'{"type": "t", "detail": "line %d"}' % n
+        for n in range(count)
+    ]
+    return b"\n".join(lines) + b"\n"
+
+
+def test_ingest__lines_parsed_ahead_on_a_thread_are_counted_as_a_single_reading_counts_them(
+    events_file,
+):
+    data = _mixed_lines(30_000)
+    write(events_file, data)
+    job = ingest(events_file, batch_lines=10_000)
+    # Some units span several 2,000-line steps: the read-ahead thread ran.
+    assert max(unit["lines"] for unit in line_units(job)) > 2 * PARSE_AHEAD_LINES
+    whole = parse_chunk(data, offset=0, crc=0, max_lines=10**6)
+    totals = summary(job)
+    assert totals["skipped"] == dict(whole.skipped)
+    assert totals["imported"] == len(whole.events) == len(types())
+    first = {}
+    for unit in line_units(job):
+        for reason, at in unit["first_skipped"].items():
+            first.setdefault(reason, at)
+    assert first == whole.first_skipped
+
+
+def test_ingest__a_unit_that_fails_mid_insert_leaves_no_parse_ahead_thread(monkeypatch):
+    data = _mixed_lines(9_000)
+    chunk = frame_chunk(data, offset=0, crc=0, max_lines=10_000)
+    start = Position.fresh("1:2")
+    batch = _Batch(cursor_id=None, expected=start, after=start, chunk=chunk)
+
+    def failing_insert(events, **kwargs):
+        for n, _ in enumerate(events):
+            if n == 3_000:  # the thread is parsing a step ahead by now
+                assert any(t.name.startswith(PARSE_AHEAD_THREAD) for t in threading.enumerate())
+                raise OSError("the database went away")
+        raise AssertionError("not reached")
+
+    monkeypatch.setattr(ingest_operations, "insert_lines", failing_insert)
+    with pytest.raises(OSError, match="went away"):
+        get_operation("recovery.ingest")._import(batch)
+    assert not any(t.name.startswith(PARSE_AHEAD_THREAD) for t in threading.enumerate())
 
 
 # --- never twice ----------------------------------------

@@ -62,6 +62,161 @@ def test_enqueue__writes_the_job_and_its_first_event_in_one_statement_two_on_sql
     assert list(job.events.values_list("seq", "kind")) == [(1, "enqueued")]
 
 
+# --- enqueue outside any transaction: its own, on the driver's cursor (issue 23) ----------
+
+# Values whose JSON text a careless encoder would change: a float beyond any integer,
+# negative zero, the smallest normal-ish float, and text that is not ASCII.
+AWKWARD_INPUT = {
+    "units": 1,
+    "big": 1e100,
+    "negative_zero": -0.0,
+    "tiny": 1e-300,
+    "text": "Zürich ☃ 日本 — \u00e9\U0001f600",
+    "nested": {"list": [1.5, -0.0, 1e100, "ü"], "empty": {}},
+}
+ENQUEUE_OPTIONS = {
+    "owner": "alice",
+    "tenant": "t1",
+    "queue": "bulk",
+    "priority": 7,
+    "on_restart": "retry",
+    "max_attempts": 3,
+}
+
+
+def _columns(job_id: int) -> dict:
+    """A job's stored columns, read back; those that differ between two enqueues by
+    nature (id, the moment, the unique key) left out, the input as canonical JSON
+    text so that -0.0 against 0.0 or 1e100 against an integer shows."""
+    row = Job.objects.filter(pk=job_id).values().get()
+    for name in ("id", "created_at", "updated_at", "unique_key"):
+        row.pop(name)
+    row["input"] = json.dumps(row["input"], sort_keys=True)
+    events = JobEvent.objects.filter(job_id=job_id).values_list("seq", "kind", "message", "data")
+    row["events"] = list(events)
+    return row
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_alone__one_statement_its_own_transaction_on_postgresql_one_turn_on_sqlite():
+    """Outside any transaction enqueue() needs no COMMIT round trip on PostgreSQL (one
+    autocommit statement, the job and its event) and on SQLite BEGIN IMMEDIATE, the
+    two INSERTs and COMMIT. One more statement fails this test."""
+    jobs.enqueue("durable.noop", {"units": 1})  # the first call adapts the defaults
+    with driver_log() as log:
+        job = jobs.enqueue("durable.noop", {"units": 1})
+    if connection.vendor == "postgresql":
+        assert summary(log) == (1, 1), log
+        assert [kind for kind, _ in log] == ["autocommit"], log
+    else:
+        assert summary(log) == (2, 1), log
+        assert log[0][1] == "BEGIN IMMEDIATE", log
+    assert job.created
+    assert Job.objects.get(pk=job.pk).event_seq == 1
+    assert list(JobEvent.objects.filter(job_id=job.pk).values_list("seq", "kind", "data")) == [
+        (1, "enqueued", {"owner": "", "queue": "default"})
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_alone__stores_what_the_orm_path_and_enqueue_many_store():
+    run_after = timezone.now() + timedelta(hours=1)
+    options = {**ENQUEUE_OPTIONS, "run_after": run_after}
+    alone = jobs.enqueue("test.rows", AWKWARD_INPUT, unique_key="a", **options)
+    with transaction.atomic():  # inside the caller's transaction: the ORM path
+        joined = jobs.enqueue("test.rows", AWKWARD_INPUT, unique_key="b", **options)
+    [bulk] = jobs.enqueue_many("test.rows", [AWKWARD_INPUT], unique_keys=["c"], **options)
+    # The same model values came back from each path, too.
+    assert alone.input == joined.input == bulk.input == AWKWARD_INPUT
+    assert (alone.operation, alone.queue, alone.on_restart) == ("test.rows", "bulk", "retry")
+    stored = _columns(alone.pk)
+    assert stored == _columns(joined.pk)
+    assert stored == _columns(bulk.pk)
+    assert json.loads(stored["input"])["text"] == AWKWARD_INPUT["text"]
+    assert json.dumps(Job.objects.get(pk=alone.pk).input["negative_zero"]) == json.dumps(
+        Job.objects.get(pk=joined.pk).input["negative_zero"]
+    )
+    assert stored["next_attempt_at"] == run_after
+    assert (stored["owner"], stored["tenant"], stored["priority"]) == ("alice", "t1", 7)
+    assert (stored["max_attempts"], stored["state"], stored["errors"]) == (3, "queued", [])
+    assert stored["events"] == [(1, "enqueued", "", {"owner": "alice", "queue": "bulk"})]
+    assert alone.errors is not joined.errors  # each job its own list
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_alone__a_taken_unique_key_returns_the_unfinished_job_as_the_orm_path_does():
+    first = jobs.enqueue("test.one_per_target", {"target": "a"})
+    again = jobs.enqueue("test.one_per_target", {"target": "a"})
+    with transaction.atomic():
+        joined = jobs.enqueue("test.one_per_target", {"target": "a"})
+    assert (first.created, again.created, joined.created) == (True, False, False)
+    assert first.pk == again.pk == joined.pk
+    assert Job.objects.count() == 1
+    assert JobEvent.objects.count() == 1
+    # Once the job is finished the key is free again: a new job, on either path.
+    Job.objects.filter(pk=first.pk).update(state="completed")
+    fresh = jobs.enqueue("test.one_per_target", {"target": "a"})
+    assert fresh.created
+    assert fresh.pk != first.pk
+    # The path alone looks nothing up first: a taken key is the partial unique index
+    # refusing the INSERT, then the lookup of the unfinished job — an explicit key too.
+    explicit = jobs.enqueue("test.rows", {"units": 1}, unique_key="k")
+    assert jobs.enqueue("test.rows", {"units": 2}, unique_key="k").pk == explicit.pk
+    # Invalid input raises before anything is written, as before.
+    with pytest.raises(InputRejected):
+        jobs.enqueue("test.rows", {"units": 1}, unique_key="")
+    assert Job.objects.count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_alone__the_signal_fires_once_after_the_commit():
+    from durable import signals
+
+    seen: list[tuple[int, str, bool]] = []
+
+    def receiver(sender, job_id, kind, **kwargs):
+        # Committed: another connection (a fresh one in this thread) sees the row.
+        visible = _visible_elsewhere(job_id)
+        seen.append((job_id, kind, visible))
+
+    signals.job_state_changed.connect(receiver, dispatch_uid="test.enqueue_alone")
+    try:
+        job = jobs.enqueue("durable.noop", {"units": 1})
+        assert seen == [(job.pk, "enqueued", True)]
+        with transaction.atomic():
+            inner = jobs.enqueue("durable.noop", {"units": 1})
+            assert len(seen) == 1, "sent before the caller's transaction committed"
+        assert seen[1:] == [(inner.pk, "enqueued", True)]
+    finally:
+        signals.job_state_changed.disconnect(dispatch_uid="test.enqueue_alone")
+
+
+def _visible_elsewhere(job_id: int) -> bool:
+    """Whether a second connection to the same database sees job ``job_id``."""
+    from django.db import connections
+
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute('SELECT count(*) FROM "durable_job" WHERE id = %s', [job_id])
+            return cursor.fetchone()[0] == 1
+    finally:
+        other.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_alone__inside_a_transaction_it_joins_it_and_rolls_back_with_it():
+    def enqueue_then_fail() -> None:
+        with transaction.atomic():
+            jobs.enqueue("durable.noop", {"units": 1})
+            raise RuntimeError("the caller changed its mind")
+
+    with pytest.raises(RuntimeError):
+        enqueue_then_fail()
+    assert not Job.objects.exists()
+    assert not JobEvent.objects.exists()
+
+
 def test_enqueue_many__writes_every_job_and_event_in_order_in_a_few_statements():
     inputs = [{"units": n} for n in range(1, 1201)]
     with CaptureQueriesContext(connection) as captured:

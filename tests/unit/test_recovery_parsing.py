@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import threading
 import zlib
 from datetime import UTC, datetime
 
@@ -15,11 +16,13 @@ from recovery.parsing import (
     MAX_LINE_BYTES,
     MAX_OBJECT_ID_CHARS,
     MAX_OBJECTS,
+    PARSE_AHEAD_THREAD,
     SEVERITIES,
     UNKNOWN_TITLE,
     LineEvent,
     Skip,
     bound_objects,
+    frame_chunk,
     normalise_severity,
     parse_bool,
     parse_chunk,
@@ -412,6 +415,45 @@ def test_parse_chunk__accounts_for_every_line_exactly_once(pieces, max_lines, fi
         end = data.find(b"\n", offset)
         assert crc == zlib.crc32(data[offset : end if end >= 0 else len(data)])
         assert_fit_for_the_database(parsed)
+
+
+@given(
+    st.lists(st.binary(max_size=60) | st.just(EXAMPLE) | st.just(b"x" * 9000), max_size=30),
+    st.integers(1, 50),
+    st.booleans(),
+    st.booleans(),
+    st.integers(1, 7),
+)
+def test_frame_then_parsed_ahead__finds_exactly_what_parse_chunk_finds(
+    pieces, max_lines, final, skipping, step_lines
+):
+    """Events, skip counts, first skips and dropped addresses, step by step on a thread."""
+    data = b"\n".join(pieces)
+    options = {"offset": 500, "crc": 7, "skipping": skipping, "max_lines": max_lines}
+    whole = parse_chunk(data, final=final, **options)
+    framed = frame_chunk(data, final=final, **options)
+    assert (framed.consumed, framed.crc, framed.skipping, framed.lines) == (
+        whole.consumed, whole.crc, whole.skipping, whole.lines,
+    )  # fmt: skip
+    steps = list(framed.parsed(step_lines))
+    assert [event for step in steps for event in step] == whole.events == framed.events
+    assert all(len(step) <= step_lines for step in steps)
+    assert (framed.skipped, framed.first_skipped, framed.ips_dropped) == (
+        whole.skipped, whole.first_skipped, whole.ips_dropped,
+    )  # fmt: skip
+    list(framed.parsed(step_lines))  # read again: the same, not twice as much
+    assert (framed.events, framed.skipped) == (whole.events, whole.skipped)
+
+
+def test_parsed__its_thread_ends_with_it_when_the_caller_stops_early():
+    data = b"".join([EXAMPLE + b"\n", b"not json\n"] * 50)
+    chunk = frame_chunk(data, offset=0, crc=0, max_lines=1_000)
+    steps = chunk.parsed(step_lines=10)
+    assert len(next(steps)) == 5
+    assert any(t.name.startswith(PARSE_AHEAD_THREAD) for t in threading.enumerate())
+    steps.close()  # e.g. the insert failed: contextlib.closing in the ingest
+    assert not any(t.name.startswith(PARSE_AHEAD_THREAD) for t in threading.enumerate())
+    assert (len(chunk.events), chunk.skipped["malformed_json"]) == (5, 5)  # what was read
 
 
 @pytest.mark.parametrize("enabled", [True, False])
