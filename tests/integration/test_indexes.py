@@ -125,3 +125,48 @@ def test_jobs_of_a_state_newest_first__is_an_index_scan():
     assert "durable_job_state_newest" in text, text
     assert "TEMP B-TREE" not in text, text
     assert "Sort" not in text, text
+
+
+# --- partial indexes that an enqueue does not write (issue 23) ------------------------------
+
+FINISHED_SINCE = (
+    "SELECT queue, operation, state, count(*) FROM durable_job "
+    "WHERE finished_at >= %s GROUP BY queue, operation, state"
+)
+
+
+def test_finished_jobs__partial_index_still_serves_every_bounded_finished_at_query():
+    """durable_job_finished holds finished jobs only; the metrics totals, the console and
+    retention's purge all bound finished_at, which implies IS NOT NULL on both databases."""
+    # A table like a site's: mostly finished jobs, some queued, analyzed.
+    jobs.enqueue_many("durable.noop", [{"units": 1}] * 3000)
+    done = list(Job.objects.values_list("pk", flat=True)[:2000])
+    Job.objects.filter(pk__in=done).update(state="completed", finished_at=timezone.now())
+    analyze()
+    since = connection.ops.adapt_datetimefield_value(timezone.now())
+    text = plan(FINISHED_SINCE, [since])
+    assert "durable_job_finished" in text, text
+    purge = Job.objects.purgeable(timezone.now()).values("pk")
+    sql, params = purge.query.sql_with_params()
+    text = plan(sql, list(params))
+    assert "durable_job_finished" in text, text
+
+
+def test_unique_key_lookup__keeps_its_plan_with_keyless_jobs_left_out_of_the_index():
+    """PostgreSQL: enqueue's lookup of the unfinished job holding a key is an index scan
+    of durable_job_unique_unfinished, which no longer holds jobs without a key. SQLite
+    never used it for this (the state list arrives as parameters, which its partial
+    index matching cannot compare), before or after."""
+    sql, params = Job.objects.unfinished().filter(unique_key="k").query.sql_with_params()
+    text = plan(sql, list(params))
+    if connection.vendor == "postgresql":
+        assert "durable_job_unique_unfinished" in text, text
+
+
+def test_unique_key__a_keyless_job_is_not_in_the_unique_index_yet_keys_still_collide():
+    """Two keyless jobs coexist; two unfinished jobs with one key do not."""
+    jobs.enqueue_many("test.rows", [{"units": 1}] * 2)
+    first = jobs.enqueue("test.rows", {"units": 1}, unique_key="same")
+    again = jobs.enqueue("test.rows", {"units": 1}, unique_key="same")
+    assert (first.created, again.created, again.pk) == (True, False, first.pk)
+    assert Job.objects.filter(unique_key__isnull=True).count() == 2
