@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F
@@ -81,9 +81,25 @@ def add_events(
     return rows
 
 
-def log_state(job: Job, kind: str, **extra: Any) -> None:
+class JobFacts(Protocol):
+    """What a state change's log line and signal say of the job: a ``Job``, or the
+    facts a commit returned (``durable.lease.Ended``) when there is no row to read."""
+
+    @property
+    def pk(self) -> Any: ...
+    @property
+    def operation(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def checkpoint(self) -> Any: ...
+
+
+def log_state(job: JobFacts, kind: str, **extra: Any) -> None:
     if not log.isEnabledFor(logging.INFO):
-        return  # the extra dict costs more than the call when INFO is off
+        return  # a busy worker logs thousands of these a second: skip building the record
     log.info(
         kind,
         extra={
@@ -98,10 +114,25 @@ def log_state(job: Job, kind: str, **extra: Any) -> None:
 
 
 def announce_change(
-    job: Job, old_state: str, kind: str, message: str, data: dict[str, Any]
+    job: JobFacts,
+    old_state: str,
+    kind: str,
+    message: str,
+    data: dict[str, Any],
+    *,
+    committed: bool = False,
 ) -> None:
+    """Log the change and send ``job_state_changed`` once it has committed.
+
+    ``committed``: the caller's own write already committed (the hot path's claims
+    and finishes, their own transactions), so the signal goes now, without asking
+    the connection whether a transaction is open (a thread-local lookup per job).
+    """
     log_state(job, kind, previous=old_state)
-    signals.send_on_commit(
+    send = signals.send_now if committed else signals.send_on_commit
+    if committed and not signals.job_state_changed.receivers:
+        return
+    send(
         signals.job_state_changed,
         job_id=job.pk,
         operation=job.operation,

@@ -22,9 +22,10 @@ import json
 import logging
 from collections.abc import Collection
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from .endings import Lease as Lease  # the fencing token, decided on in durable.endings
@@ -35,6 +36,7 @@ from .models import Job, JobEvent, UnitResult
 from .policy import truncate_utf8
 from .sql import BUSY as BUSY  # renew_unless_busy's answer
 from .sql import Cursor, Row, statements
+from .sql.base import NextClaim as NextClaim  # finish_unit's then
 from .sql.base import Stamp
 from .states import LEASED_STATES, JobState
 
@@ -170,16 +172,25 @@ def claim_many(
         # One transaction of its own; on SQLite the write lock is taken first, so the
         # lease's expiry is computed once it is held, never before a wait for it.
         rows = sql.write(conn, lambda cursor: rows_of(cursor, driver=True)) or []
+    return _claimed(conn, owner, rows, committed=not conn.in_atomic_block)
+
+
+def _claimed(
+    conn: BaseDatabaseWrapper, owner: str, rows: list[Row], *, committed: bool
+) -> list[tuple[Lease, Job]]:
+    """Claimed rows as leases and jobs, in the pick's order, their ``started`` announced."""
+    sql = statements(conn)
     claimed = []
     for row in rows:
         job = sql.job_from_row(conn, row[:-1])
         job.has_results = bool(row[-1])
         claimed.append((Lease(job.pk, owner, job.lease_epoch), job))
     # RETURNING keeps no order: the pick's, so the first thread served gets the first job.
-    claimed.sort(key=lambda pair: (-pair[1].priority, pair[1].next_attempt_at, pair[1].pk))
+    if len(claimed) > 1:
+        claimed.sort(key=lambda pair: (-pair[1].priority, pair[1].next_attempt_at, pair[1].pk))
     for _, job in claimed:
         data = {"worker": owner, "epoch": job.lease_epoch, "attempt": job.attempts + 1}
-        announce_change(job, JobState.QUEUED, "started", "", data)
+        announce_change(job, JobState.QUEUED, "started", "", data, committed=committed)
     return claimed
 
 
@@ -359,6 +370,20 @@ def _add_unit_events(
     )
 
 
+class Ended(NamedTuple):
+    """What the last unit's commit left: its log line and signal need no re-read of the
+    row, nor a ``Job`` built for them (``durable.jobs.JobFacts``); and the job claimed
+    with it (``finish_unit``'s ``then``), if any."""
+
+    pk: int
+    operation: str
+    state: str
+    attempts: int
+    checkpoint: Any
+    units_done: int
+    next: tuple[Lease, Job] | None = None
+
+
 def finish_unit(
     lease: Lease,
     *,
@@ -368,7 +393,8 @@ def finish_unit(
     units_total: int | None,
     operation: str,
     attempts: int,
-) -> str:
+    then: NextClaim | None = None,
+) -> Ended:
     """The last unit's commit, which also completes the job: one fenced transaction.
 
     Checkpoint, unit result, the ``completed`` event and the state commit
@@ -376,43 +402,51 @@ def finish_unit(
     would leave it: a cancel accepted meanwhile wins (``cancelled``), a pause
     is honoured (stays ``paused``, lease released, completes once resumed).
     PostgreSQL: one statement. SQLite: BEGIN IMMEDIATE, three writes, COMMIT.
-    Returns the job's state after the commit. The caller must have no pending
-    events (they would need numbering before the completion's).
+    The caller must have no pending events (they would need numbering before
+    the completion's).
+
+    ``then``: the same transaction also claims the calling thread's next job
+    (``Ended.next``) — only if the finish applied, so a lost lease claims nothing —
+    and a busy worker pays one commit per one-unit job instead of two. The caller
+    must start that job at once (or hand it back): it is leased. Never inside a
+    caller's transaction (``then`` is ignored there): a claim must commit at once.
     """
     encoded = _checked_result(key, result)
     conn = connections[DEFAULT_DB_ALIAS]
     sql = statements(conn)
     checkpoint_json = _encode(checkpoint)
+    if conn.in_atomic_block or (then is not None and not (then.queues and then.operations)):
+        then = None
 
-    def run(cursor: Cursor) -> Row | None:
-        now = sql.timestamp(conn, now_under_lock())
+    def run(cursor: Cursor) -> tuple[Row, list[Row]] | None:
+        moment = now_under_lock()
+        now = sql.timestamp(conn, moment)
         params = [checkpoint_json, units_total, now, now, lease.job_id, lease.owner, lease.epoch]
-        return sql.finish_unit(cursor, params, [key, encoded, now])
+        if then is not None:
+            return sql.finish_and_claim(cursor, params, [key, encoded, now], moment, then)
+        row = sql.finish_unit(cursor, params, [key, encoded, now])
+        return None if row is None else (row, [])
 
-    if conn.in_atomic_block:
+    committed = not conn.in_atomic_block  # a transaction of its own, committed on return
+    if not committed:
         with transaction.atomic():
             conn.ensure_connection()
             cursor = conn.connection.cursor()
             try:
-                row = run(cursor)
+                done = run(cursor)
             finally:
                 cursor.close()
     else:
-        row = sql.write(conn, run)
-    if row is None:
+        done = sql.write(conn, run)
+    if done is None:
         raise LeaseLost(f"job {lease.job_id}: completion refused, lease epoch {lease.epoch} lost")
-    state, _seq, units_done = row
-    job = Job(
-        pk=lease.job_id,
-        operation=operation,
-        state=state,
-        attempts=attempts,
-        checkpoint=checkpoint,
-        units_done=units_done,
-    )
-    ending = finished(state, units_done)
+    (state, _seq, units_done), rows = done
+    ended = Ended(lease.job_id, operation, str(state), attempts, checkpoint, units_done)
+    ending = finished(ended.state, units_done)
     if ending is None:
-        log_state(job, "lease_released", reason=state)
+        log_state(ended, "lease_released", reason=ended.state)
     else:
-        announce_change(job, ending.old_state, *ending.event)
-    return str(state)
+        announce_change(ended, ending.old_state, *ending.event, committed=committed)
+    if rows and then is not None:
+        ended = ended._replace(next=_claimed(conn, then.owner, rows, committed=True)[0])
+    return ended

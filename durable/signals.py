@@ -108,9 +108,15 @@ def send_now(signal: Signal, *, raise_unreachable: bool = False, **kwargs: Any) 
 def send_on_commit(signal: Signal, **kwargs: Any) -> None:
     """Send after the current transaction commits (or now, outside one).
 
-    With no receiver connected now, nothing is sent: a receiver connects when its
-    app is ready, not in the middle of a transaction.
+    A signal nobody listens to is not sent at all (one is sent per job state
+    change, thousands a second on a busy worker); a receiver connected between
+    this call and the commit does not hear of it. Outside a transaction the
+    signal goes now, without Django's ``on_commit`` bookkeeping (``send_now``
+    never raises on a receiver's behalf, so it cannot fail the caller either).
     """
     if not signal.receivers:
+        return
+    if not transaction.get_connection().in_atomic_block:
+        send_now(signal, **kwargs)
         return
     transaction.on_commit(lambda: send_now(signal, **kwargs), robust=True)

@@ -14,15 +14,19 @@ psycopg and ``?`` for sqlite3. Each statement says which cursor it is for.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, ClassVar, Protocol, TypeVar
+from functools import partial
+from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Field
+from django.db.models import Field, JSONField
+from django.db.models.base import ModelState
 from django.db.models.expressions import Col
+from django.db.models.signals import post_init, pre_init
 
 from ..models import Job, JobEvent, PausedQueue, UnitResult
 from ..states import LEASED_STATES
@@ -34,6 +38,16 @@ Row = tuple[Any, ...]
 # A timestamp as a driver takes it: a datetime (psycopg) or Django's text (sqlite3).
 Stamp = datetime | str | None
 T = TypeVar("T")
+
+
+class NextClaim(NamedTuple):
+    """A claim to make in the transaction that finishes a job: the finishing thread's
+    next job, from this worker's queues and operations (``durable.lease.finish_unit``)."""
+
+    owner: str
+    queues: list[str]
+    operations: list[str]
+    lease_seconds: float
 
 
 class Cursor(Protocol):
@@ -87,6 +101,25 @@ ENQUEUE_VARYING = (
 ORDER = "ORDER BY priority DESC, next_attempt_at, id"  # the claim's order, durable_job_due's
 
 
+def _json_value(value: Any) -> Any:
+    """A JSON column's text as ``JSONField.from_db_value`` reads it (text it cannot parse
+    stays text)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
+
+
+def _converted(
+    value: Any, *, found: list[Callable[..., Any]], col: Col, conn: BaseDatabaseWrapper
+) -> Any:
+    for convert in found:
+        value = convert(value, col, conn)
+    return value
+
+
 class Statements(ABC):
     """The engine's SQL for one vendor; ``durable.sql.statements()`` gives the one in use."""
 
@@ -103,7 +136,7 @@ class Statements(ABC):
     insert_result_sql: ClassVar[str]
 
     def __init__(self) -> None:
-        self._converters: list[tuple[Col, list[Callable[..., Any]]]] | None = None
+        self._readers: list[Callable[[Any], Any] | None] | None = None
         self._job_defaults: list[Any] | None = None
 
     # --- claim --------------------------------------------------------------------
@@ -184,20 +217,46 @@ class Statements(ABC):
         """
 
     def job_from_row(self, conn: BaseDatabaseWrapper, row: Row) -> Job:
-        """A claimed row (``JOB_COLUMNS``) as the Job the ORM would have read."""
-        if self._converters is None:
-            converters = []
-            for field in JOB_FIELDS:
-                col = field.get_col(Job._meta.db_table)
-                found = conn.ops.get_db_converters(col) + col.get_db_converters(conn)
-                converters.append((col, found))
-            self._converters = converters
-        values = []
-        for value, (col, found) in zip(row, self._converters, strict=True):
-            for convert in found:
-                value = convert(value, col, conn)
-            values.append(value)
-        return Job.from_db(DEFAULT_DB_ALIAS, JOB_ATTNAMES, values)
+        """A claimed row (``JOB_COLUMNS``) as the Job the ORM would have read.
+
+        Built as ``Model.from_db`` would, without ``Model.__init__``: its field-by-field
+        defaults and descriptors cost more than a one-unit job's statements. The
+        values go straight into the instance's ``__dict__``, which is where
+        ``__init__`` puts them too. A site with ``pre_init``/``post_init`` receivers
+        for jobs gets the ORM's construction, and its signals.
+        """
+        readers = self._readers
+        if readers is None:
+            readers = self._readers = [self.column_reader(conn, field) for field in JOB_FIELDS]
+        values = [
+            value if read is None or value is None else read(value)
+            for value, read in zip(row, readers, strict=True)
+        ]
+        if pre_init.has_listeners(Job) or post_init.has_listeners(Job):
+            return Job.from_db(DEFAULT_DB_ALIAS, JOB_ATTNAMES, values)
+        job = Job.__new__(Job)
+        job.__dict__.update(zip(JOB_ATTNAMES, values, strict=True))
+        state = ModelState()
+        state.adding, state.db = False, DEFAULT_DB_ALIAS
+        job._state = state
+        return job
+
+    def column_reader(
+        self, conn: BaseDatabaseWrapper, field: Field[Any, Any]
+    ) -> Callable[[Any], Any] | None:
+        """What turns a claimed column's non-NULL value into the field's; None: as it is.
+
+        Django's converters for the column, run in turn; a JSON column without a
+        decoder of its own is ``json.loads`` (what ``JSONField.from_db_value`` does
+        for a plain column). A vendor may read its own columns faster.
+        """
+        col = field.get_col(Job._meta.db_table)
+        found = conn.ops.get_db_converters(col) + col.get_db_converters(conn)
+        if not found:
+            return None
+        if isinstance(field, JSONField) and field.decoder is None and len(found) == 1:
+            return _json_value
+        return partial(_converted, found=found, col=col, conn=conn)
 
     # --- one transaction on the driver's cursor -------------------------------------
 
@@ -257,6 +316,24 @@ class Statements(ABC):
         ``params``: [checkpoint JSON, units_total, now, now, *fenced]; ``result``:
         [key, result JSON, now]. Returns (state, event_seq, units_done), or None for
         a lost lease. Reaches the fault point ``finish_before_commit``.
+        """
+
+    @abstractmethod
+    def finish_and_claim(
+        self,
+        cursor: Cursor,
+        params: list[Any],
+        result: list[Any],
+        moment: datetime,
+        then: NextClaim,
+    ) -> tuple[Row, list[Row]] | None:
+        """``finish_unit`` and, in the same transaction, the claim of ``then``'s next job,
+        made only if the finish applied (a lost lease claims nothing).
+
+        ``moment``: the finish's time (read under the lock), the claim's too. Returns
+        the finish's (state, event_seq, units_done) and the claimed rows (as
+        ``claim_rows``': whole jobs, each followed by ``has_results``; the ``started``
+        event written), or None for a lost lease. Reaches ``finish_before_commit``.
         """
 
     # --- enqueue, worker registration ---------------------------------------------------

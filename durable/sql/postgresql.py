@@ -39,6 +39,7 @@ from .base import (
     RESULTS,
     SHARED_COLUMNS,
     Cursor,
+    NextClaim,
     Row,
     Stamp,
     Statements,
@@ -151,16 +152,35 @@ FINISH_UNIT_UPDATE = (
 # All of it in one statement: the update, the unit result, and the event of the state
 # it ended in — ``durable.endings.finished``'s table, in SQL.
 # Parameters: FINISH_UNIT_UPDATE's, then key, result, now, and the event's now.
-FINISH_UNIT = (
-    f"WITH moved AS ({FINISH_UNIT_UPDATE}), "
+_FINISH = (
+    f"moved AS ({FINISH_UNIT_UPDATE}), "
     f"evidence AS (INSERT INTO {RESULTS} (job_id, key, result, created_at) "
     f"SELECT id, %s, %s::jsonb, %s FROM moved ON CONFLICT (job_id, key) DO NOTHING), "
     f"ended AS (INSERT INTO {EVENTS} (job_id, seq, kind, message, data, created_at) "
     f"SELECT id, event_seq, state, CASE state WHEN 'cancelled' THEN "
     f"'{FINISH_CANCEL_MESSAGE}' ELSE '' END, CASE state WHEN 'completed' THEN "
     f"jsonb_build_object('units_done', units_done) ELSE '{{}}'::jsonb END, %s "
-    f"FROM moved WHERE state IN ('completed', 'cancelled')) "
-    f"SELECT state, event_seq, units_done FROM moved"
+    f"FROM moved WHERE state IN ('completed', 'cancelled'))"
+)
+FINISH_UNIT = f"WITH {_FINISH} SELECT state, event_seq, units_done FROM moved"
+# The finish, then the finishing thread's next job claimed in the same statement (one
+# commit per one-unit job). The claim is gated on the finish: ``EXISTS (SELECT 1 FROM
+# moved)`` is a one-time filter, so a lost lease picks and claims nothing. All of the
+# statement's parts read one snapshot, in which the finishing job is still running: the
+# pick never sees it. One row when the finish applied, with the claimed job's columns
+# (NULL when nothing was due); none for a lost lease. ``{target}``: the pick.
+# Parameters: FINISH_UNIT's, then CLAIM's.
+_CLAIMED_COLUMNS = ", ".join(f"c.{column}" for column in JOB_COLUMNS.split(", "))
+FINISH_AND_CLAIM = (
+    f"WITH {_FINISH}, "
+    f"claimed AS ({CLAIM_UPDATE.replace('{target}', 'EXISTS (SELECT 1 FROM moved) AND {target}')}"
+    f" RETURNING {JOB_COLUMNS}), "
+    f"started AS (INSERT INTO {EVENTS} (job_id, seq, kind, message, data, created_at) "
+    f"SELECT id, event_seq, 'started', '', jsonb_build_object('worker', lease_owner, "
+    f"'epoch', lease_epoch, 'attempt', attempts + 1), %s FROM claimed) "
+    f"SELECT m.state, m.event_seq, m.units_done, {_CLAIMED_COLUMNS}, "
+    f"EXISTS (SELECT 1 FROM {RESULTS} r WHERE r.job_id = c.id) "
+    f"FROM moved m LEFT JOIN claimed c ON true"
 )
 
 # --- enqueue, registration ------------------------------------------------------------
@@ -244,15 +264,25 @@ class PostgreSQL(Statements):
     ) -> tuple[str, list[Any]]:
         """The whole claim, one statement. The pick locks before the UPDATE forms the
         rows, so ``clock_timestamp()`` is read after any wait; ``now`` only stamps times."""
+        target, params = self._target(now, queues, operations, job_id, count)
+        return CLAIM.replace("{target}", target), [owner, lease_seconds, now, now, *params, now]
+
+    def _target(
+        self,
+        now: datetime,
+        queues: Sequence[str],
+        operations: Sequence[str],
+        job_id: int | None,
+        count: int,
+    ) -> tuple[str, list[Any]]:
+        """The claim UPDATE's WHERE: the rows the pick locked, and the pick's parameters."""
         pick, params = self.pick(
             now, queues=queues, operations=operations, job_id=job_id, limit=count
         )
         # Several: the array is built once, before the update, then each id looked up;
         # as ``id IN (subquery)`` the planner may join instead, and run the pick again —
         # claiming more than LIMIT.
-        target = f"id = ({pick})" if count == 1 else f"id = ANY (ARRAY ({pick}))"
-        sql = CLAIM.replace("{target}", target)
-        return sql, [owner, lease_seconds, now, now, *params, now]
+        return (f"id = ({pick})" if count == 1 else f"id = ANY (ARRAY ({pick}))"), params
 
     def claim_rows(
         self,
@@ -337,6 +367,26 @@ class PostgreSQL(Statements):
         cursor.execute(FINISH_UNIT, [*params, *result, result[-1]])
         row: Row | None = cursor.fetchone()
         return row
+
+    def finish_and_claim(
+        self,
+        cursor: Cursor,
+        params: list[Any],
+        result: list[Any],
+        moment: datetime,
+        then: NextClaim,
+    ) -> tuple[Row, list[Row]] | None:
+        """One statement (``FINISH_AND_CLAIM``), its own transaction."""
+        target, pick = self._target(moment, then.queues, then.operations, None, 1)
+        claim = [then.owner, then.lease_seconds, moment, moment, *pick, moment]
+        faults.reach("finish_before_commit")  # the statement is its own transaction
+        sql = FINISH_AND_CLAIM.replace("{target}", target)
+        cursor.execute(sql, [*params, *result, result[-1], *claim])
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        ended, claimed = row[:3], row[3:]
+        return ended, ([] if claimed[0] is None else [claimed])
 
     def insert_jobs(
         self, cursor: Cursor, *, values: list[Any], payload: str, facts: str, created: Stamp

@@ -24,6 +24,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import DateTimeField, Field
 
 from .. import faults, turns
 from ..endings import finished
@@ -40,6 +41,7 @@ from .base import (
     RESULTS,
     SHARED_COLUMNS,
     Cursor,
+    NextClaim,
     Row,
     Stamp,
     Statements,
@@ -116,6 +118,11 @@ INSERT_EVENT = (
     f"INSERT INTO {EVENTS} (job_id, seq, kind, message, data, created_at) VALUES (?, ?, ?, ?, ?, ?)"
 )
 
+# The events of a finish and of the claim made with it, in one INSERT: one VALUES row
+# each (job_id, seq, kind, message, data, now).
+INSERT_EVENTS = f"INSERT INTO {EVENTS} (job_id, seq, kind, message, data, created_at) VALUES "
+EVENT_VALUES = "(?, ?, ?, ?, ?, ?)"
+
 # --- enqueue (Django's cursor) ------------------------------------------------------------
 
 # The jobs, from one JSON array expanded in order: rowids are handed out in array order.
@@ -146,6 +153,13 @@ INSERT_ENQUEUED_EVENT = (
 _hot_writers = threading.Lock()  # this process's threads, in turn (SQLite.write)
 
 
+def _utc_datetime(value: Any) -> Any:
+    """A timestamp column's text (Django's, in UTC) as an aware datetime."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    return datetime.fromisoformat(value).replace(tzinfo=UTC)
+
+
 class _Rollback(Exception):
     """Inside ``SQLite.write``: end the transaction with ROLLBACK, raising nothing."""
 
@@ -162,6 +176,15 @@ class SQLite(Statements):
         # statements, so the hot path formats them itself when that is exactly what
         # Django would write (USE_TZ, the connection in UTC).
         self.utc_text = bool(settings.USE_TZ and connection.timezone == UTC)
+
+    def column_reader(
+        self, conn: BaseDatabaseWrapper, field: Field[Any, Any]
+    ) -> Callable[[Any], Any] | None:
+        """Timestamps as text Django wrote in UTC: ``fromisoformat`` reads them, without
+        the generic converter's parse and ``make_aware`` (most of a claimed row's cost)."""
+        if self.utc_text and isinstance(field, DateTimeField):
+            return _utc_datetime
+        return super().column_reader(conn, field)
 
     def pick(
         self,
@@ -188,7 +211,7 @@ class SQLite(Statements):
         where = " AND ".join(["state = 'queued'", "+next_attempt_at <= %s", *filters])
         indexed = "" if job_id is not None else " INDEXED BY durable_job_due"
         sql = f"SELECT id FROM {JOB}{indexed} WHERE {where} {ORDER} LIMIT {int(limit)}"
-        return sql, [connection.ops.adapt_datetimefield_value(now), *params]
+        return sql, [None if now is None else self.timestamp(connection, now), *params]
 
     def claim(
         self,
@@ -205,9 +228,9 @@ class SQLite(Statements):
             now, queues=queues, operations=operations, job_id=job_id, limit=count
         )
         target = f"id = ({pick})" if count == 1 else f"id IN ({pick})"  # evaluated once
-        adapt = connection.ops.adapt_datetimefield_value
-        later = adapt(now + timedelta(seconds=lease_seconds))
-        return CLAIM.replace("{target}", target), [owner, later, adapt(now), adapt(now), *params]
+        later = self.timestamp(connection, now + timedelta(seconds=lease_seconds))
+        stamp = self.timestamp(connection, now)
+        return CLAIM.replace("{target}", target), [owner, later, stamp, stamp, *params]
 
     def claim_rows(
         self,
@@ -237,7 +260,7 @@ class SQLite(Statements):
         rows: list[Row] = cursor.fetchall()
         if not rows:
             return rows
-        stamp = connection.ops.adapt_datetimefield_value(now)
+        stamp = self.timestamp(connection, now)
         events: list[tuple[Any, ...]] = []
         for row in rows:
             job, epoch, seq, attempts = (row[COLUMN_INDEX[name]] for name in CLAIM_FACTS)
@@ -290,7 +313,7 @@ class SQLite(Statements):
     def renew(
         self, cursor: Cursor, now: datetime, fenced: Sequence[Any], seconds: float
     ) -> str | None:
-        later = connection.ops.adapt_datetimefield_value(now + timedelta(seconds=seconds))
+        later = self.timestamp(connection, now + timedelta(seconds=seconds))
         cursor.execute(RENEW, [later, *fenced])
         row = cursor.fetchone()
         return str(row[0]) if row else None
@@ -347,6 +370,47 @@ class SQLite(Statements):
             cursor.execute(INSERT_EVENT, [job_id, seq, kind, message, json.dumps(data), now])
         faults.reach("finish_before_commit")  # written, not yet committed
         return state, seq, units_done
+
+    def finish_and_claim(
+        self,
+        cursor: Cursor,
+        params: list[Any],
+        result: list[Any],
+        moment: datetime,
+        then: NextClaim,
+    ) -> tuple[Row, list[Row]] | None:
+        """In ``write``'s one transaction: the finish's UPDATE and unit result, then the
+        claim's UPDATE (only once the finish applied), then one INSERT of both events."""
+        cursor.execute(FINISH_UNIT, params)
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        job_id, state, seq, units_done = row
+        key, encoded, now = result
+        cursor.execute(INSERT_RESULT, [job_id, key, encoded, now])
+        events: list[Any] = []
+        ending = finished(state, units_done)
+        if ending is not None:
+            kind, message, data = ending.event
+            events.append((job_id, seq, kind, message, json.dumps(data), now))
+        sql, values = self.claim(
+            moment,
+            owner=then.owner,
+            queues=then.queues,
+            operations=then.operations,
+            lease_seconds=then.lease_seconds,
+        )
+        cursor.execute(sql.replace("%s", "?"), values)
+        claimed: list[Row] = cursor.fetchall()
+        for started in claimed:
+            job, epoch, next_seq, attempts = (started[COLUMN_INDEX[name]] for name in CLAIM_FACTS)
+            facts = {"worker": then.owner, "epoch": epoch, "attempt": attempts + 1}
+            events.append((job, next_seq, "started", "", json.dumps(facts), now))
+        if events:
+            insert = INSERT_EVENTS + ", ".join([EVENT_VALUES] * len(events))
+            cursor.execute(insert, [value for event in events for value in event])
+        faults.reach("finish_before_commit")  # written, not yet committed
+        return (state, seq, units_done), claimed
 
     def insert_jobs(
         self, cursor: Cursor, *, values: list[Any], payload: str, facts: str, created: Stamp

@@ -8,9 +8,11 @@ stop. ``Executions`` are the jobs a process holds at the moment.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..lease import Lease
+from ..lease import Lease, NextClaim
+from ..models import Job
 from ..operations import JobContext, Operation
 from ..states import JobState
 
@@ -39,6 +41,11 @@ class Execution:
     # False when the job had no unit results at claim: only this lease holder
     # can add any, so step 2's lookup can be skipped (one query less per unit).
     results_possible: bool = True
+    # Asked as the job's last unit commits: the claim of this thread's next job to make
+    # in that transaction, or None (stopping, no --max-jobs slot left, no follow-on).
+    follow: Callable[[], NextClaim | None] | None = None
+    # The job that commit claimed: the thread runs it next.
+    next: tuple[Lease, Job] | None = None
 
     @property
     def timed_out(self) -> bool:

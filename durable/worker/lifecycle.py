@@ -97,6 +97,7 @@ class Worker:
             burst=self.burst,
             poll_interval=self.poll_interval,
             max_jobs=self.max_jobs,
+            next_claim=self._next_claim,
         )
 
     def run(self, *, install_signal_handlers: bool = True) -> int:
@@ -297,6 +298,13 @@ class Worker:
         )
         self.executions.hold([lease.job_id for lease, _ in claimed])
         return claimed
+
+    def _next_claim(self) -> leases.NextClaim:
+        """The claim a thread's finishing job makes for its next one (no desk: the
+        thread is the only one that wants it, and it is waiting for it)."""
+        return leases.NextClaim(
+            self.worker_id, self.queues, self.operations or [], self.lease_seconds
+        )
 
     def _due_exists(self) -> bool:
         """A read (no lock taken): is a job this worker could claim due now?"""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.db import connection, transaction
@@ -26,7 +26,7 @@ from .. import faults, tracing, transitions, turns
 from .. import lease as leases
 from ..dbwatch import DatabaseWatch
 from ..errors import LeaseLost, Stopping, Unavailable
-from ..lease import Lease
+from ..lease import Lease, NextClaim
 from ..models import Job
 from ..operations import JobContext, Unit, check_payload, get_operation
 from ..outage import is_unreachable
@@ -55,14 +55,39 @@ class JobRunner:
         self.executions = executions
         self.watch = watch or DatabaseWatch(log, worker=worker_id)
 
-    def execute(self, lease: Lease, job: Job) -> None:
-        """Run the claimed job's remaining units; always leaves the job in a settled state."""
+    def execute(
+        self,
+        lease: Lease,
+        job: Job,
+        follow: Callable[[], NextClaim | None] | None = None,
+    ) -> tuple[Lease, Job] | None:
+        """Run the claimed job's remaining units; always leaves the job in a settled state.
+
+        ``follow``: asked as the last unit commits; a claim it returns is made in that
+        commit's transaction, and the job it claimed returned, held
+        (``Executions.hold``), for the thread to run next. Claimed just as the worker
+        began to stop, that job is handed back instead (queued, no attempt spent).
+        """
         with tracing.attempt_span(
             job, attempt=job.attempts + 1, lease_epoch=lease.epoch, worker_id=self.worker_id
         ):
-            self._execute(lease, job)
+            claimed = self._execute(lease, job, follow)
+        if claimed is not None and self.stopping.is_set():
+            self.hand_back(claimed[0])
+            return None
+        return claimed
 
-    def _execute(self, lease: Lease, job: Job) -> None:
+    def hand_back(self, lease: Lease) -> None:
+        """A job claimed for this thread that it will not start: queued again at once,
+        no attempt spent (``transitions.release``), and let go of."""
+        try:
+            settle(transitions.release, lease, "claimed as its worker stopped")
+        finally:
+            self.executions.let_go(lease.job_id)
+
+    def _execute(
+        self, lease: Lease, job: Job, follow: Callable[[], NextClaim | None] | None
+    ) -> tuple[Lease, Job] | None:
         op = get_operation(job.operation)
         ctx = JobContext(
             job_id=job.pk,
@@ -79,7 +104,7 @@ class JobRunner:
         has_results = getattr(job, "has_results", None)  # the claim tells; else ask
         if has_results is None:
             has_results = leases.has_results(job.pk)
-        execution = Execution(lease, ctx, op, results_possible=has_results)
+        execution = Execution(lease, ctx, op, results_possible=has_results, follow=follow)
         self.executions.add(execution)
         units = None
         try:
@@ -95,11 +120,11 @@ class JobRunner:
             while (unit := ahead if ahead is not None else next(pending, None)) is not None:
                 if self._at_boundary(execution):
                     tracing.outcome("handed_back")
-                    return
+                    return None
                 after = self._run_unit(execution, unit, pending)
                 if after is FINISHED:
                     tracing.outcome("completed")
-                    return  # the last unit's commit completed the job
+                    return execution.next  # the last unit's commit completed the job
                 ahead = after
             faults.reach("before_complete")
             execution.finishing = True
@@ -125,6 +150,7 @@ class JobRunner:
             if units is not None and hasattr(units, "close"):
                 units.close()
             self.executions.remove(job.pk)
+        return execution.next
 
     def hand_back_after_outage(self, lease: Lease) -> None:
         """Once the database answers again, hand the job back: queued at once, no attempt
@@ -196,15 +222,7 @@ class JobRunner:
                 ahead = look_ahead(execution, unit, pending)
                 if ahead is FINISHED:
                     execution.finishing = True
-                    state = leases.finish_unit(
-                        lease,
-                        key=unit.key,
-                        result=result,
-                        checkpoint=unit.checkpoint,
-                        units_total=ctx.units_total,
-                        operation=ctx.operation,
-                        attempts=ctx.attempt - 1,
-                    )
+                    self._finish(execution, unit, result)
                     faults.reach("finish_after_commit")
                     return FINISHED
                 state = self._commit(execution, unit, result)
@@ -223,6 +241,25 @@ class JobRunner:
         if isinstance(ahead, Raised):
             raise ahead.error  # the unit is committed; now the generator's own failure
         return ahead
+
+    def _finish(self, execution: Execution, unit: Unit, result: Any) -> None:
+        """The last unit's commit, which completes the job and, when the thread goes on
+        (``Execution.follow``), claims its next job in the same transaction."""
+        ctx, follow = execution.ctx, execution.follow
+        then = follow() if follow is not None and not self.stopping.is_set() else None
+        ended = leases.finish_unit(
+            execution.lease,
+            key=unit.key,
+            result=result,
+            checkpoint=unit.checkpoint,
+            units_total=ctx.units_total,
+            operation=ctx.operation,
+            attempts=ctx.attempt - 1,
+            then=then,
+        )
+        if ended.next is not None:  # committed: from now on the worker holds it
+            self.executions.hold([ended.next[0].job_id])
+            execution.next = ended.next
 
     def _unit_body(self, execution: Execution, unit: Unit) -> Any:
         """Steps 2 and 3, and the check of step 4: skip if done, else run and verify."""
