@@ -19,8 +19,8 @@ identity (file tag and generation, offset, CRC) under a unique constraint,
 so even a replay that got past all of that inserts nothing twice.
 
 Reading happens in ``units()`` (outside the write transaction), cutting the
-bytes into lines; ``run_unit`` parses them, 2,000 lines at a time one step
-ahead on a thread, while it inserts the step before. The batch passes from
+bytes into lines; ``run_unit`` parses them, 2,000 lines at a time — on
+PostgreSQL one step ahead on a thread while it inserts the step before. The batch passes from
 one to the other in memory, keyed by job, lease epoch and unit key: a unit
 payload is bounded JSON, and a batch of thousands of lines does not belong
 in it.
@@ -63,7 +63,7 @@ from .records.cursors import (
     point_name,
     position_of,
 )
-from .records.lines import insert_lines
+from .records.lines import insert_lines, parse_ahead_pays
 from .tailer import MIN_BATCH_BYTES, NotAFile, OpenFile, canonical, find_rotated
 
 DEFAULT_BATCH_LINES = 10_000
@@ -375,9 +375,10 @@ class IngestRecoveryEvents(Operation):
         if chunk is None:
             return result
         prefix = batch.after.prefix
-        # Read here, a step ahead on a thread while the step before is written;
-        # closed (its thread joined) before this unit ends, even on an error.
-        with closing(chunk.parsed()) as steps:
+        # Read here, a step ahead on a thread while the step before is written
+        # (where that pays); closed (its thread joined) before this unit ends,
+        # even on an error.
+        with closing(chunk.parsed(ahead=parse_ahead_pays())) as steps:
             events = chain.from_iterable(steps)
             inserted = insert_lines(events, prefix=prefix, recorded_at=timezone.now())
         # In this unit's transaction: a replayed batch publishes nothing twice.

@@ -468,29 +468,32 @@ class Chunk:
             self._take(_parse_lines(part, at))
 
     def parsed(
-        self, step_lines: int = PARSE_AHEAD_LINES
+        self, step_lines: int = PARSE_AHEAD_LINES, *, ahead: bool = True
     ) -> Generator[list[tuple[int, int, LineEvent]], None, None]:
         """The events, ``step_lines`` lines' worth at a time; the next step is parsed ahead.
 
         While the caller writes one step (the database works, the GIL is
         free) a thread parses the next, so parsing costs the ingest little
-        wall time. Skips and events accumulate on the chunk exactly as
-        ``parse_all`` would leave them. The thread ends with the generator:
-        close it (``contextlib.closing``) when the caller may stop early, e.g.
-        on an error, and it is joined before ``close()`` returns.
+        wall time. ``ahead=False`` parses each step when it is asked for:
+        where the writes keep this process busy themselves, a thread only
+        adds the cost of handing the GIL back and forth. Skips and events
+        accumulate on the chunk exactly as ``parse_all`` would leave them.
+        The thread ends with the generator: close it (``contextlib.closing``)
+        when the caller may stop early, e.g. on an error, and it is joined
+        before ``close()`` returns.
         """
         self._restart()
         steps = self._steps(step_lines)
-        if len(steps) <= 1:  # nothing to overlap: no thread
+        if len(steps) <= 1 or not ahead:  # nothing to overlap, or not asked to: no thread
             for part, at in steps:
                 yield self._take(_parse_lines(part, at))
             return
         with ThreadPoolExecutor(1, thread_name_prefix=PARSE_AHEAD_THREAD) as pool:
-            ahead = pool.submit(_parse_lines, *steps[0])
+            next_step = pool.submit(_parse_lines, *steps[0])
             for n in range(len(steps)):
-                parsed = ahead.result()
+                parsed = next_step.result()
                 if n + 1 < len(steps):
-                    ahead = pool.submit(_parse_lines, *steps[n + 1])
+                    next_step = pool.submit(_parse_lines, *steps[n + 1])
                 yield self._take(parsed)
 
 
