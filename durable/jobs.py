@@ -249,7 +249,7 @@ def enqueue(
         except IntegrityError:
             if unique_key is None:
                 raise  # not a unique-key race: some other constraint refused the row
-            existing: Job | None = Job.objects.unfinished().filter(unique_key=unique_key).first()
+            existing = _key_holders([unique_key]).get(unique_key)
             if existing is not None:
                 existing.created = False
                 return existing
@@ -447,11 +447,7 @@ def _create_many(
     """
     keys = {row["unique_key"] for row in rows if row["unique_key"] is not None}
     for _ in range(3):
-        existing: dict[str, Job] = {}
-        if keys:
-            for job in Job.objects.unfinished().filter(unique_key__in=keys):
-                job.created = False
-                existing[job.unique_key] = job
+        existing = _key_holders(sorted(keys)) if keys else {}
         fresh: list[Job] = []
         result: list[Job] = []
         repeats: list[int] = []  # positions of a key an earlier input of this batch created
@@ -492,6 +488,17 @@ def _create_many(
             result[position].created = False
         return result
     raise RuntimeError("could not enqueue: unique keys kept colliding")  # pragma: no cover
+
+
+def _key_holders(keys: Sequence[str]) -> dict[str, Job]:
+    """The unfinished job holding each of ``keys`` that one does, by key, each with
+    ``created`` False: an index lookup on both databases (``Statements.key_holders``)."""
+    sql, params = statements(connection).key_holders(keys)
+    found: dict[str, Job] = {}
+    for job in Job.objects.raw(sql, params):
+        job.created = False
+        found[str(job.unique_key)] = job
+    return found
 
 
 def _insert_many(jobs: list[Job], common: dict[str, Any], now: datetime) -> None:

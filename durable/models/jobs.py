@@ -64,6 +64,12 @@ class JobQuerySet(models.QuerySet):
         return self.finished().filter(finished_at__lt=older_than)
 
 
+# The unique key's partial index holds jobs in these states, in this order: SQLite
+# uses a partial index only for a query that repeats its condition word for word
+# (durable.sql.base.KEY_HOLDERS does).
+UNIQUE_KEY_STATES = ["queued", "running", "paused", "cancelling"]
+
+
 class Job(models.Model):
     operation = models.CharField(max_length=100)
     owner = models.CharField(max_length=150, blank=True, default="")
@@ -172,10 +178,7 @@ class Job(models.Model):
             # each would be one index write more on enqueue.
             models.UniqueConstraint(
                 fields=["unique_key"],
-                condition=Q(
-                    state__in=["queued", "running", "paused", "cancelling"],
-                    unique_key__isnull=False,
-                ),
+                condition=Q(state__in=UNIQUE_KEY_STATES, unique_key__isnull=False),
                 name="durable_job_unique_unfinished",
             ),
             models.CheckConstraint(

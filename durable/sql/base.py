@@ -29,6 +29,7 @@ from django.db.models.expressions import Col
 from django.db.models.signals import post_init, pre_init
 
 from ..models import Job, JobEvent, PausedQueue, UnitResult
+from ..models.jobs import UNIQUE_KEY_STATES
 from ..states import LEASED_STATES
 
 BUSY = "busy"  # renew_unless_busy: the row is locked; the lease is still ours
@@ -98,6 +99,15 @@ ENQUEUE_VARYING = (
     "operation", "owner", "tenant", "queue", "priority", "on_restart", "max_attempts",
     "next_attempt_at", "event_seq", "trace_context", "created_at", "updated_at",
 )  # fmt: skip
+# The unfinished jobs holding some unique keys, with the unique index's condition
+# written out literally: SQLite reads the partial index for it then, where the ORM's
+# ``state IN (%s, …)`` (parameters) made it scan the whole table. ``{keys}``: the
+# keys' placeholders (Django's).
+KEY_HOLDERS = (
+    f"SELECT {JOB_COLUMNS} FROM {JOB} WHERE unique_key IN ({{keys}}) AND state IN ("
+    + ", ".join(f"'{state}'" for state in UNIQUE_KEY_STATES)
+    + ")"
+)
 ORDER = "ORDER BY priority DESC, next_attempt_at, id"  # the claim's order, durable_job_due's
 
 
@@ -345,6 +355,11 @@ class Statements(ABC):
         """Insert one job per element of ``payload`` (a JSON array of [input, unique_key])
         sharing ``values`` (``SHARED_FIELDS``), with their ``enqueued`` events carrying
         ``facts``; the new ids, in the array's order. Django's cursor."""
+
+    def key_holders(self, keys: Sequence[str]) -> tuple[str, list[str]]:
+        """The SELECT of the unfinished jobs holding ``keys`` (whole rows, for
+        ``Job.objects.raw``) and its parameters. At most one job per key."""
+        return KEY_HOLDERS.replace("{keys}", placeholders(keys)), list(keys)
 
     def job_values(self, conn: BaseDatabaseWrapper, job: Job, encoded_input: str) -> list[Any]:
         """``insert_job``'s values for a new ``job`` (``INSERT_FIELDS``), as the driver takes them.

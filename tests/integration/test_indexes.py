@@ -9,6 +9,7 @@ from django.utils import timezone
 from durable import jobs
 from durable.lease import claim_sql, pick_sql
 from durable.models import Job
+from durable.sql import statements
 
 pytestmark = pytest.mark.django_db
 
@@ -152,15 +153,20 @@ def test_finished_jobs__partial_index_still_serves_every_bounded_finished_at_que
     assert "durable_job_finished" in text, text
 
 
-def test_unique_key_lookup__keeps_its_plan_with_keyless_jobs_left_out_of_the_index():
-    """PostgreSQL: enqueue's lookup of the unfinished job holding a key is an index scan
-    of durable_job_unique_unfinished, which no longer holds jobs without a key. SQLite
-    never used it for this (the state list arrives as parameters, which its partial
-    index matching cannot compare), before or after."""
-    sql, params = Job.objects.unfinished().filter(unique_key="k").query.sql_with_params()
-    text = plan(sql, list(params))
-    if connection.vendor == "postgresql":
-        assert "durable_job_unique_unfinished" in text, text
+@pytest.mark.parametrize("count", [1, 3])
+def test_unique_key_lookup__is_an_index_scan_of_the_partial_unique_index(count):
+    """enqueue's lookup of the unfinished job holding a key (after every collision, and
+    for each enqueue_many batch with keys) reads durable_job_unique_unfinished on both
+    databases. Through the ORM SQLite scanned the whole table: the state list arrived
+    as parameters, which its partial-index matching cannot compare with the index's
+    condition."""
+    jobs.enqueue_many("durable.noop", [{"units": 1}] * 500)
+    analyze()
+    sql, params = statements(connection).key_holders([f"k{n}" for n in range(count)])
+    text = plan(sql, params)
+    assert "durable_job_unique_unfinished" in text, text
+    assert "SCAN durable_job" not in text, text
+    assert "Seq Scan" not in text, text
 
 
 def test_unique_key__a_keyless_job_is_not_in_the_unique_index_yet_keys_still_collide():
