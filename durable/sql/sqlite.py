@@ -176,6 +176,7 @@ class SQLite(Statements):
         # statements, so the hot path formats them itself when that is exactly what
         # Django would write (USE_TZ, the connection in UTC).
         self.utc_text = bool(settings.USE_TZ and connection.timezone == UTC)
+        self._follow_on_sql: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
 
     def column_reader(
         self, conn: BaseDatabaseWrapper, field: Field[Any, Any]
@@ -393,14 +394,7 @@ class SQLite(Statements):
         if ending is not None:
             kind, message, data = ending.event
             events.append((job_id, seq, kind, message, json.dumps(data), now))
-        sql, values = self.claim(
-            moment,
-            owner=then.owner,
-            queues=then.queues,
-            operations=then.operations,
-            lease_seconds=then.lease_seconds,
-        )
-        cursor.execute(sql.replace("%s", "?"), values)
+        cursor.execute(*self._follow_on(then, moment, now))
         claimed: list[Row] = cursor.fetchall()
         for started in claimed:
             job, epoch, next_seq, attempts = (started[COLUMN_INDEX[name]] for name in CLAIM_FACTS)
@@ -411,6 +405,24 @@ class SQLite(Statements):
             cursor.execute(insert, [value for event in events for value in event])
         faults.reach("finish_before_commit")  # written, not yet committed
         return (state, seq, units_done), claimed
+
+    def _follow_on(self, then: NextClaim, moment: datetime, now: Stamp) -> tuple[str, list[Any]]:
+        """``claim``'s statement for one job, in the driver's placeholders, made once per
+        worker's queues and operations; its parameters, ``now`` (``moment``) the finish's."""
+        key = (tuple(then.queues), tuple(then.operations))
+        sql = self._follow_on_sql.get(key)
+        if sql is None:
+            made, _ = self.claim(
+                moment,
+                owner=then.owner,
+                queues=then.queues,
+                operations=then.operations,
+                lease_seconds=then.lease_seconds,
+            )
+            sql = self._follow_on_sql[key] = made.replace("%s", "?")
+        later = self.timestamp(connection, moment + timedelta(seconds=then.lease_seconds))
+        # CLAIM's owner, expiry, started_at, updated_at; the pick's now, queues, operations.
+        return sql, [then.owner, later, now, now, now, *then.queues, *then.operations]
 
     def insert_jobs(
         self, cursor: Cursor, *, values: list[Any], payload: str, facts: str, created: Stamp
