@@ -358,17 +358,12 @@ class SQLite(Statements):
 
     def finish_unit(self, cursor: Cursor, params: list[Any], result: list[Any]) -> Row | None:
         """BEGIN IMMEDIATE (``write``), three writes, COMMIT."""
-        cursor.execute(FINISH_UNIT, params)
-        row = cursor.fetchone()
-        if row is None:
+        head = _finish_head(cursor, params, result)
+        if head is None:
             return None
-        job_id, state, seq, units_done = row
-        key, encoded, now = result
-        cursor.execute(INSERT_RESULT, [job_id, key, encoded, now])
-        ending = finished(state, units_done)
-        if ending is not None:
-            kind, message, data = ending.event
-            cursor.execute(INSERT_EVENT, [job_id, seq, kind, message, json.dumps(data), now])
+        (state, seq, units_done), event = head
+        if event is not None:
+            cursor.execute(INSERT_EVENT, list(event))
         faults.reach("finish_before_commit")  # written, not yet committed
         return state, seq, units_done
 
@@ -382,18 +377,12 @@ class SQLite(Statements):
     ) -> tuple[Row, list[Row]] | None:
         """In ``write``'s one transaction: the finish's UPDATE and unit result, then the
         claim's UPDATE (only once the finish applied), then one INSERT of both events."""
-        cursor.execute(FINISH_UNIT, params)
-        row = cursor.fetchone()
-        if row is None:
+        head = _finish_head(cursor, params, result)
+        if head is None:
             return None
-        job_id, state, seq, units_done = row
-        key, encoded, now = result
-        cursor.execute(INSERT_RESULT, [job_id, key, encoded, now])
-        events: list[Any] = []
-        ending = finished(state, units_done)
-        if ending is not None:
-            kind, message, data = ending.event
-            events.append((job_id, seq, kind, message, json.dumps(data), now))
+        (state, seq, units_done), event = head
+        now = result[2]
+        events: list[Any] = [] if event is None else [event]
         cursor.execute(*self._follow_on(then, moment, now))
         claimed: list[Row] = cursor.fetchall()
         for started in claimed:
@@ -448,3 +437,24 @@ class SQLite(Statements):
 
     def serialize_registration(self, conn: BaseDatabaseWrapper) -> None:
         """Nothing: SQLite's writers take turns for its one write lock already."""
+
+
+def _finish_head(
+    cursor: Cursor, params: list[Any], result: list[Any]
+) -> tuple[Row, tuple[Any, ...] | None] | None:
+    """The finish's UPDATE and its unit result, shared by ``finish_unit`` and
+    ``finish_and_claim``: (state, seq, units_done) and the ending's event row to insert,
+    or None when the lease was lost (nothing written)."""
+    cursor.execute(FINISH_UNIT, params)
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    job_id, state, seq, units_done = row
+    key, encoded, now = result
+    cursor.execute(INSERT_RESULT, [job_id, key, encoded, now])
+    ending = finished(state, units_done)
+    event = None
+    if ending is not None:
+        kind, message, data = ending.event
+        event = (job_id, seq, kind, message, json.dumps(data), now)
+    return (state, seq, units_done), event
