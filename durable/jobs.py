@@ -130,8 +130,6 @@ def announce_change(
     """
     log_state(job, kind, previous=old_state)
     send = signals.send_now if committed else signals.send_on_commit
-    if committed and not signals.job_state_changed.receivers:
-        return
     send(
         signals.job_state_changed,
         job_id=job.pk,
