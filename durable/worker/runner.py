@@ -71,7 +71,18 @@ class JobRunner:
         with tracing.attempt_span(
             job, attempt=job.attempts + 1, lease_epoch=lease.epoch, worker_id=self.worker_id
         ):
-            claimed = self._execute(lease, job, follow)
+            execution = self._execution(lease, job, follow)
+            try:
+                claimed = self._execute(execution)
+            except BaseException:
+                # Raised after the finishing commit claimed the thread's next job (a
+                # units iterable whose close() raised, say): the thread will not run
+                # it, so it goes back to the queue now instead of staying held and
+                # renewed by a worker that never starts it.
+                if execution.next is not None:
+                    self.hand_back(execution.next[0])
+                    execution.next = None
+                raise
         if claimed is not None and self.stopping.is_set():
             self.hand_back(claimed[0])
             return None
@@ -85,9 +96,10 @@ class JobRunner:
         finally:
             self.executions.let_go(lease.job_id)
 
-    def _execute(
+    def _execution(
         self, lease: Lease, job: Job, follow: Callable[[], NextClaim | None] | None
-    ) -> tuple[Lease, Job] | None:
+    ) -> Execution:
+        """The claimed job as the worker's threads will share it (not yet registered)."""
         op = get_operation(job.operation)
         ctx = JobContext(
             job_id=job.pk,
@@ -104,12 +116,16 @@ class JobRunner:
         has_results = getattr(job, "has_results", None)  # the claim tells; else ask
         if has_results is None:
             has_results = leases.has_results(job.pk)
-        execution = Execution(lease, ctx, op, results_possible=has_results, follow=follow)
+        return Execution(lease, ctx, op, results_possible=has_results, follow=follow)
+
+    def _execute(self, execution: Execution) -> tuple[Lease, Job] | None:
+        lease, ctx, op = execution.lease, execution.ctx, execution.op
+        job_id = lease.job_id
         self.executions.add(execution)
         units = None
         try:
             faults.reach("after_claim")
-            for name in op.credential_refs(job.input):
+            for name in op.credential_refs(ctx.input):
                 ctx.credential(name)
             op.prepare(ctx)
             if ctx.units_total is None:
@@ -132,7 +148,7 @@ class JobRunner:
             tracing.outcome("completed")
         except LeaseLost as exc:
             tracing.outcome("lease_lost")
-            log.warning("lease lost; abandoning job", extra={"job": job.pk, "detail": str(exc)})
+            log.warning("lease lost; abandoning job", extra={"job": job_id, "detail": str(exc)})
         except Stopping as exc:
             execution.finishing = True
             tracing.outcome("stopped")
@@ -147,9 +163,11 @@ class JobRunner:
                 raise  # nothing can be recorded now: the executor hands the job back later
             fail(execution, exc)
         finally:
-            if units is not None and hasattr(units, "close"):
-                units.close()
-            self.executions.remove(job.pk)
+            try:
+                if units is not None and hasattr(units, "close"):
+                    units.close()
+            finally:
+                self.executions.remove(job_id)
         return execution.next
 
     def hand_back_after_outage(self, lease: Lease) -> None:

@@ -223,3 +223,30 @@ def test_worker_execute_without_follow_claims_nothing():
     worker.execute(*claimed)
     waiting.refresh_from_db()
     assert waiting.state == "queued"
+
+
+def test_an_error_after_the_finishing_commit_hands_the_follow_on_back():
+    """The last unit's commit claimed the thread's next job, then an exception escaped
+    the runner (the units iterable's close() raised): the next job goes back to the
+    queue at once (queued, no lease, no attempt spent, nothing held), instead of
+    staying leased and renewed by a thread that will never run it."""
+    first = jobs.enqueue("test.close_raises", {"units": 1})
+    following = jobs.enqueue("durable.noop", {"units": 1})
+    worker = Worker(worker_id="w", burst=True, lease_seconds=30)
+    claimed = claim("w", queues=["default"], operations=sorted(registered()), lease_seconds=30)
+    assert claimed is not None
+    assert claimed[1].pk == first.pk
+    then = NextClaim("w", ["default"], sorted(registered()), 30)
+    with pytest.raises(RuntimeError, match="close"):
+        worker.runner.execute(*claimed, follow=lambda: then)
+    first.refresh_from_db()
+    following.refresh_from_db()
+    assert first.state == "completed"
+    assert (following.state, following.lease_owner, following.attempts) == ("queued", None, 0)
+    assert list(following.events.values_list("kind", flat=True)) == [
+        "enqueued",
+        "started",
+        "released",
+    ]
+    assert _gapless(following)
+    assert worker.executions.held() == set()  # neither job is renewed any more

@@ -11,6 +11,7 @@
 - ``test.needs_credential``: needs the credential named by ``token_ref``.
 - ``test.form``: takes its input from a Django form (the dashboard's "New job").
 - ``test.one_per_target``: privileged, one unfinished job per target (``unique_key``).
+- ``test.close_raises``: its units iterable raises in ``close()``, after the last commit.
 """
 
 from __future__ import annotations
@@ -273,6 +274,36 @@ class OnePerTarget(Operation):
     def units(self, ctx: JobContext) -> Iterator[Unit]:
         if not ctx.checkpoint:
             yield Unit(key="only", checkpoint={"done": True})
+
+    def run_unit(self, ctx: JobContext, unit: Unit) -> None:
+        return None
+
+
+class _CloseRaises:
+    """A units iterable whose ``close()`` raises once the job is done with it."""
+
+    def __init__(self, units: Iterator[Unit]) -> None:
+        self._units = units
+
+    def __iter__(self) -> Iterator[Unit]:
+        return self._units
+
+    def close(self) -> None:
+        raise RuntimeError("close() failed")
+
+
+@register
+class CloseRaises(Operation):
+    """``test.close_raises``: one-unit jobs whose units iterable raises in ``close()``,
+    after the last unit's commit (which may have claimed the thread's next job)."""
+
+    name = "test.close_raises"
+
+    def total_units(self, ctx: JobContext) -> int:
+        return ctx.input.get("units", 1)
+
+    def units(self, ctx: JobContext) -> Any:
+        return _CloseRaises(counted_units(ctx))
 
     def run_unit(self, ctx: JobContext, unit: Unit) -> None:
         return None
